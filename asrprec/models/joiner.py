@@ -1,0 +1,40 @@
+"""Transducer joiner: project encoder and decoder outputs to a joint space, add, tanh, project to V."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Joiner(nn.Module):
+    """``output_linear(tanh(encoder_proj(enc) + decoder_proj(dec)))``.
+
+    The projections are separate modules so decoders and the memory-lean loss can project once and
+    call ``forward(..., project_input=False)`` on every (t, u) pair.
+
+    Args:
+        encoder_dim: D_enc. decoder_dim: D_dec. joiner_dim: J, the hidden width. vocab_size: V.
+    """
+
+    def __init__(self, encoder_dim: int, decoder_dim: int, joiner_dim: int, vocab_size: int):
+        super().__init__()
+        self.encoder_proj = nn.Linear(encoder_dim, joiner_dim)
+        self.decoder_proj = nn.Linear(decoder_dim, joiner_dim)
+        self.output_linear = nn.Linear(joiner_dim, vocab_size)
+        self.joiner_dim = joiner_dim
+        self.vocab_size = vocab_size
+
+    def forward(self, encoder_out: torch.Tensor, decoder_out: torch.Tensor, project_input: bool = True) -> torch.Tensor:
+        """Joint logits.
+
+        Args:
+            encoder_out: (..., D_enc), or (..., J) when ``project_input`` is False.
+            decoder_out: (..., D_dec), or (..., J); broadcastable against ``encoder_out``
+                (e.g. (B, T, 1, ·) with (B, 1, U+1, ·) gives the full lattice).
+        Returns:
+            (..., V) unnormalised logits, in the compute dtype (autocast or the parameters' dtype).
+        """
+        if project_input:
+            encoder_out = self.encoder_proj(encoder_out)
+            decoder_out = self.decoder_proj(decoder_out)
+        return self.output_linear(torch.tanh(encoder_out + decoder_out))

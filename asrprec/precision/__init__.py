@@ -1,0 +1,19 @@
+"""Precision policies (``fp32``, ``amp-fp16``, ``amp-bf16``, ``bf16``), fp32 islands and loss scalers."""
+
+from .capabilities import Capabilities, probe
+from .islands import fp32_island, is_kept_fp32, keep_fp32
+from .master import MasterWeightOptimizer
+from .policy import (
+    POLICIES,
+    PrecisionPolicy,
+    UnsupportedPrecisionError,
+    effective_dtypes,
+    get_policy,
+)
+from .scaler import GradScaleCollapse, LossScaler, NoOpScaler, nonfinite_grad_modules
+
+__all__ = [
+    "POLICIES", "Capabilities", "GradScaleCollapse", "LossScaler", "MasterWeightOptimizer", "NoOpScaler",
+    "PrecisionPolicy", "UnsupportedPrecisionError", "effective_dtypes", "fp32_island", "get_policy",
+    "is_kept_fp32", "keep_fp32", "nonfinite_grad_modules", "probe",
+]

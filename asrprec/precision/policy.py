@@ -1,0 +1,202 @@
+"""The precision policy: one named, immutable, validated object that the training loop obeys.
+
+=============  ==================  ====================  ===========  ==============================
+policy         parameters (train)  compute               grad scaler  optimizer update
+=============  ==================  ====================  ===========  ==============================
+``fp32``       fp32                fp32                  no-op        fp32
+``amp-fp16``   fp32                autocast fp16         GradScaler   fp32
+``amp-bf16``   fp32                autocast bf16         no-op        fp32
+``bf16``       bf16 (whole cast)   bf16                  no-op        fp32 master weights (default)
+=============  ==================  ====================  ===========  ==============================
+
+fp32 islands (features, log-softmax, the loss, normalisation statistics) stay fp32 under every policy
+(see :mod:`asrprec.precision.islands`). A policy the hardware cannot run raises
+:class:`UnsupportedPrecisionError` naming the reason; it is never silently downgraded.
+
+Why fp32 master weights for ``bf16``: bf16 has an 8-bit mantissa, so an update smaller than
+2^-9 of a weight's magnitude rounds away entirely (with Adam-style lr 1e-3..5e-2 relative updates and
+weights near 0.1, most late-training updates are lost). icefall's full-bf16 runs (PR #1700) lost
+about 5 % relative WER; keeping an fp32 copy in the optimizer restores amp-bf16 accuracy at a cost of
+4 bytes per parameter (activations, which dominate memory, stay bf16). ``bf16_update="none"``
+reproduces the naive behaviour for comparison; the measured comparison is in README.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Iterable
+
+import torch
+
+from . import capabilities
+from .islands import is_kept_fp32
+from .master import MasterWeightOptimizer
+from .scaler import LossScaler, NoOpScaler
+
+POLICIES = ("fp32", "amp-fp16", "amp-bf16", "bf16")
+BF16_UPDATES = ("master", "none")
+
+
+class UnsupportedPrecisionError(RuntimeError):
+    """The requested precision policy cannot run on this device."""
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """A resolved precision policy for one device. Build it with :func:`get_policy`."""
+
+    name: str
+    device: torch.device
+    param_dtype: torch.dtype  # dtype of the trained parameters
+    compute_dtype: torch.dtype  # dtype most matmuls/convolutions run in
+    autocast_enabled: bool
+    grad_scaler: bool
+    bf16_update: str = "master"
+    scaler_kwargs: dict = field(default_factory=dict)
+
+    # -- training ---------------------------------------------------------------------------------
+    def autocast(self) -> ContextManager:
+        """The context the forward pass and loss run in (a no-op context when autocast is off)."""
+        if not self.autocast_enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move ``model`` to the device and, for ``bf16``, cast it, keeping modules marked ``keep_fp32``."""
+        model = model.to(self.device)
+        if self.param_dtype != torch.float32:
+            _cast_model(model, self.param_dtype)
+        return model
+
+    def make_scaler(self, **overrides: Any) -> LossScaler:
+        """A real GradScaler (with health checks) for ``amp-fp16``; a no-op scaler otherwise."""
+        kw = {**self.scaler_kwargs, **overrides}
+        if self.grad_scaler:
+            return LossScaler(self.device.type, **kw)
+        return NoOpScaler(**{k: v for k, v in kw.items() if k in NoOpScaler.ACCEPTS})
+
+    def build_optimizer(self, params: Iterable, factory: Callable[[Any], torch.optim.Optimizer]):
+        """Build the optimizer with ``factory(params)``; under ``bf16`` wrap it so no update is lost.
+
+        ``params`` is anything a torch optimizer accepts (tensors or param-group dicts).
+        """
+        if self.param_dtype == torch.bfloat16 and self.bf16_update == "master":
+            return MasterWeightOptimizer(params, factory)
+        return factory(params)
+
+    # -- inference --------------------------------------------------------------------------------
+    def inference_dtype(self) -> torch.dtype:
+        return self.compute_dtype
+
+    def prepare_for_inference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Eval mode, no grads, and for low-precision policies a whole-model cast (NeMo PR #9198).
+
+        Casting beats autocast at inference (no per-call weight re-casts, no fp32 ping-pong); modules
+        marked ``keep_fp32`` (the feature extractor, positional tables computed in fp32) stay fp32.
+        """
+        model = model.to(self.device).eval()
+        model.requires_grad_(False)
+        dtype = self.inference_dtype()
+        if dtype != torch.float32:
+            _cast_model(model, dtype)
+        return model
+
+    # -- reporting --------------------------------------------------------------------------------
+    def describe(self) -> dict[str, str]:
+        """The effective dtypes, for the log, tensorboard and checkpoints."""
+        return {
+            "policy": self.name,
+            "device": str(self.device),
+            "param_dtype": _dt(self.param_dtype),
+            "compute_dtype": _dt(self.compute_dtype),
+            "autocast": str(self.autocast_enabled),
+            "grad_scaler": "GradScaler" if self.grad_scaler else "none",
+            "optimizer_update": (
+                {"master": "fp32 master weights", "none": "bf16 (naive)"}[
+                    self.bf16_update
+                ]
+                if self.param_dtype == torch.bfloat16
+                else "fp32"
+            ),
+            "loss_dtype": "float32",
+        }
+
+
+def _dt(d: torch.dtype) -> str:
+    return str(d).replace("torch.", "")
+
+
+def _cast_model(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    kept = [m for m in model.modules() if is_kept_fp32(m)]
+    model.to(dtype)
+    for m in kept:
+        m.float()
+
+
+def effective_dtypes(model: torch.nn.Module) -> dict[str, int]:
+    """Number of parameter elements per dtype (what really happened to the model)."""
+    out: dict[str, int] = {}
+    for p in model.parameters():
+        out[_dt(p.dtype)] = out.get(_dt(p.dtype), 0) + p.numel()
+    return out
+
+
+def get_policy(
+    name: str,
+    device: str | torch.device = "cpu",
+    *,
+    bf16_update: str = "master",
+    **scaler_kwargs: Any,
+) -> PrecisionPolicy:
+    """Resolve the policy ``name`` for ``device``; raise with the reason if this hardware cannot run it.
+
+    Args:
+        name: ``"fp32"``, ``"amp-fp16"``, ``"amp-bf16"`` or ``"bf16"``.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        bf16_update: for ``bf16`` only: ``"master"`` (fp32 master weights, default) or ``"none"``
+            (naive bf16 updates, for comparison).
+        scaler_kwargs: passed to :class:`~asrprec.precision.scaler.LossScaler` (``init_scale``,
+            ``warn_floor``, ``abort_floor``...).
+    """
+    if name not in POLICIES:
+        hint = ""
+        low = name.lower().replace("_", "-")
+        if low in ("fp16", "float16", "half"):
+            hint = " (fp16 training needs a grad scaler: use 'amp-fp16')"
+        elif low in ("bfloat16", "full-bf16"):
+            hint = " (use 'bf16' for a whole-model cast or 'amp-bf16' for autocast)"
+        elif low in POLICIES:
+            hint = f" (did you mean {low!r}?)"
+        raise ValueError(f"unknown precision policy {name!r}{hint}; choose one of {', '.join(POLICIES)}")
+    if bf16_update not in BF16_UPDATES:
+        raise ValueError(f"bf16_update must be one of {BF16_UPDATES}, got {bf16_update!r}")
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise UnsupportedPrecisionError(f"device {device} is not supported; use 'cpu' or 'cuda'")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UnsupportedPrecisionError(
+            f"device {device} was requested but torch.cuda.is_available() is False (no GPU, or a CPU-only torch "
+            "build). Fix: pass --device cpu, or install a CUDA build of torch."
+        )
+    caps = capabilities.probe(device.type)
+    where = "this GPU" if device.type == "cuda" else "this CPU/torch build"
+
+    def need(ok: bool, why: str, what: str, fix: str) -> None:
+        if not ok:
+            raise UnsupportedPrecisionError(
+                f"precision policy {name!r} cannot run on {device}: {what} is not supported on {where} ({why}). "
+                f"Fix: {fix}. asrprec never switches precision silently."
+            )
+
+    if name == "fp32":
+        return PrecisionPolicy(name, device, torch.float32, torch.float32, False, False, bf16_update, scaler_kwargs)
+    if name == "amp-fp16":
+        need(caps.fp16, caps.fp16_why, "fp16 autocast", "use --precision fp32 or amp-bf16, or upgrade torch")
+        need(caps.grad_scaler, caps.grad_scaler_why, "the fp16 grad scaler", "use --precision fp32 or amp-bf16")
+        return PrecisionPolicy(name, device, torch.float32, torch.float16, True, True, bf16_update, scaler_kwargs)
+    fix = "use --precision amp-fp16 (GPUs before Ampere) or fp32"
+    need(caps.bf16, caps.bf16_why, "bfloat16", fix)
+    if name == "amp-bf16":
+        return PrecisionPolicy(name, device, torch.float32, torch.bfloat16, True, False, bf16_update, scaler_kwargs)
+    return PrecisionPolicy(name, device, torch.bfloat16, torch.bfloat16, False, False, bf16_update, scaler_kwargs)

@@ -1,0 +1,56 @@
+"""Typed training configuration (a dataclass; unknown keys are an error)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+OPTIMIZERS = ("scaled_adam", "adamw")
+
+
+@dataclass
+class TrainConfig:
+    """Everything the training loop needs besides the model, data and policy.
+
+    The learning-rate schedule is Eden (REFERENCE.md §2) for both optimizers:
+    ``lr = base_lr · ((b²+lr_batches²)/lr_batches²)^-¼ · ((e²+lr_epochs²)/lr_epochs²)^-¼ · warm-up``.
+    """
+
+    exp_dir: str
+    num_epochs: int = 10
+    start_epoch: int = 1
+    start_batch: int = 0  # resume mid-epoch from checkpoint-<start_batch>.pt
+    optimizer: str = "scaled_adam"
+    base_lr: float = 0.045
+    weight_decay: float = 0.0  # adamw only
+    lr_batches: float = 7500.0
+    lr_epochs: float = 3.5
+    warmup_batches: int = 500
+    grad_clip: float = 0.0  # global-norm clip for adamw; ScaledAdam clips by itself (median-based)
+    log_interval: int = 20
+    valid_interval: int = 0  # batches between validations; 0 = at the end of each epoch only
+    save_every_n: int = 0  # batches between mid-epoch checkpoints; 0 = epoch checkpoints only
+    keep_last_k: int = 5
+    max_batches_per_epoch: int = 0  # 0 = the whole epoch (smoke tests set a few)
+    seed: int = 42
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.num_epochs < 1 or self.start_epoch < 1:
+            raise ValueError("num_epochs and start_epoch must be >= 1")
+        if self.start_epoch > self.num_epochs:
+            raise ValueError(f"start_epoch {self.start_epoch} > num_epochs {self.num_epochs}: nothing to train")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig keys: {unknown}; known keys: {sorted(known)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
