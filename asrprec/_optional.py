@@ -25,18 +25,25 @@ _HINTS: dict[str, tuple[str, str]] = {
 
 
 def is_available(name: str) -> bool:
-    """True when ``name`` can be imported (without importing it)."""
+    """True when ``name`` imports (a package that is installed but fails to load counts as absent)."""
     try:
-        return importlib.util.find_spec(name) is not None
+        if importlib.util.find_spec(name.split(".")[0]) is None:
+            return False
+        require(name)
+        return True
     except (ImportError, ValueError):
         return False
 
 
 def require(name: str) -> ModuleType:
-    """Import and return the optional module ``name``, or raise an ImportError with the install hint."""
+    """Import and return the optional module ``name``, or raise an ImportError with the install hint.
+
+    Binary packages built for another torch (torchaudio, k2) fail with OSError/RuntimeError rather than
+    ImportError; those are reported the same way.
+    """
     try:
         return importlib.import_module(name)
-    except ImportError as e:
+    except (ImportError, OSError, RuntimeError) as e:
         hint, purpose = _HINTS.get(name, (f"pip install {name.split('.')[0]}", name))
         raise ImportError(f"{name} is needed for {purpose} but cannot be imported ({e}). Fix: {hint}") from e
 

@@ -1,0 +1,410 @@
+"""Checkpoints: atomic save, load / resume across precision policies, rotation, averaging.
+
+What a checkpoint holds (one ``torch.save`` dict; every entry loads with ``torch.load(weights_only=True)``)::
+
+    format_version   int
+    model            state_dict of the unwrapped model (DDP ``.module`` / ``torch.compile`` ``_orig_mod`` removed)
+    model_avg        optional state_dict of a running-average model (icefall's ``model_avg``)
+    optimizer        optimizer.state_dict()           optimizer_kind  "master" (bf16 fp32-master wrapper) | "plain"
+    scheduler        scheduler.state_dict()           scaler          scaler.state_dict()
+    sampler          sampler.state_dict()             config          dict (the run's configuration)
+    policy           policy.describe() (policy name + effective dtypes)
+    rng              python / numpy / torch CPU / torch CUDA generator states
+    extra            dict of counters (epoch, batch_idx_train, best losses...)
+
+Writing is atomic: a temporary file in the destination directory, flushed and fsync-ed, then ``os.replace``
+onto the destination; a failure at any point leaves the previous checkpoint untouched and no temporary file
+behind. Only rank 0 writes (``rank`` argument), so DDP training can call these functions on every rank.
+
+Loading across precision policies (rule):
+
+* **model weights** always load: each tensor is copied into the current model's parameter, i.e. cast to the
+  current model's dtype (fp32 checkpoint → bf16-cast model rounds to bf16; bf16 → fp32 widens exactly);
+  a warning says the policy changed.
+* **optimizer state** of the ``bf16`` policy's fp32-master-weights wrapper and of a plain optimizer are
+  different structures; loading one into the other raises :class:`CheckpointMismatchError` whose message
+  gives the fix (resume under the saved policy, or pass ``optimizer=None`` to load weights only and restart
+  the optimizer).
+* **scaler state** loads into whatever scaler the current policy made (a no-op scaler ignores a GradScaler's
+  scale; a GradScaler that finds no saved scale keeps its initial one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+FORMAT_VERSION = 1
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's contents do not fit the objects it is being loaded into."""
+
+
+class CheckpointPolicyWarning(UserWarning):
+    """The checkpoint was saved under a different precision policy than the one loading it."""
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The bare model under DDP / DataParallel (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _optimizer_kind(optimizer: Any) -> str:
+    from asrprec.precision import MasterWeightOptimizer
+
+    return "master" if isinstance(optimizer, MasterWeightOptimizer) else "plain"
+
+
+def _saved_optimizer_kind(state: dict) -> str:
+    return "master" if isinstance(state, dict) and "masters" in state and "inner" in state else "plain"
+
+
+def get_rng_state() -> dict:
+    """Python, numpy, torch CPU and (if available) CUDA generator states, in weights_only-loadable form."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:  # numpy is optional for asrprec itself
+        np = None
+    if np is not None:
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = {
+            "name": name, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached),
+        }
+    # Only if CUDA is in use: querying the states would otherwise create a CUDA context (hundreds of MB) in a
+    # CPU-only run; an uninitialised CUDA generator has produced nothing that a resume would need.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`get_rng_state` captured (components missing on either side are skipped)."""
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+        if np is not None:
+            s = state["numpy"]
+            keys = s["keys"].numpy().astype(np.uint32)
+            np.random.set_state((s["name"], keys, s["pos"], s["has_gauss"], s["cached_gaussian"]))
+    if "cuda" in state and torch.cuda.is_available():
+        saved = state["cuda"]
+        if len(saved) != torch.cuda.device_count():
+            warnings.warn(
+                f"checkpoint has CUDA RNG states for {len(saved)} devices, this process sees "
+                f"{torch.cuda.device_count()}; restoring the first {min(len(saved), torch.cuda.device_count())}"
+            )
+        for i, s in enumerate(saved[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, i)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not possible on every platform/filesystem (best effort).
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save(obj, path)`` that either fully replaces ``path`` or leaves it as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are ordinary readable files
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+# -- save / load -----------------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    scaler: Any = None,
+    sampler: Any = None,
+    policy: Any = None,
+    config: dict | None = None,
+    extra: dict | None = None,
+    model_avg: nn.Module | None = None,
+    rank: int = 0,
+) -> Path | None:
+    """Write a training checkpoint atomically (rank 0 only; other ranks return None without writing).
+
+    Args:
+        path: destination file (parent directories are created).
+        model: the model, possibly DDP- or compile-wrapped (the bare model's state is saved).
+        optimizer / scheduler / scaler / sampler: anything with ``state_dict()``; None to skip.
+        policy: the :class:`~asrprec.precision.PrecisionPolicy` in use (its ``describe()`` is stored).
+        config: the run's configuration as a plain dict. extra: counters (epoch, batch_idx_train...).
+        model_avg: an optional averaged model (icefall's ``model_avg``).
+    Returns:
+        the written path on rank 0, else None.
+    """
+    if rank != 0:
+        return None
+    if config is not None and not isinstance(config, dict):
+        raise ValueError(f"config must be a plain dict (e.g. dataclasses.asdict(cfg)), got {type(config).__name__}")
+    ckpt: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "model": unwrap_model(model).state_dict(),
+        "policy": policy.describe() if policy is not None else None,
+        "config": config or {},
+        "extra": dict(extra or {}),
+        "rng": get_rng_state(),
+    }
+    if model_avg is not None:
+        ckpt["model_avg"] = unwrap_model(model_avg).state_dict()
+    if optimizer is not None:
+        ckpt["optimizer"] = optimizer.state_dict()
+        ckpt["optimizer_kind"] = _optimizer_kind(optimizer)
+    for name, obj in (("scheduler", scheduler), ("scaler", scaler), ("sampler", sampler)):
+        if obj is not None:
+            ckpt[name] = obj.state_dict()
+    return atomic_torch_save(ckpt, path)
+
+
+def read_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu", weights_only: bool = True) -> dict:
+    """``torch.load`` a checkpoint with a clear error for a missing file or a non-checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=weights_only)
+    except Exception as e:  # pickle / zip errors come in many types
+        hint = (
+            " If the file is trusted and holds custom objects (e.g. a sampler state), pass weights_only=False."
+            if weights_only else ""
+        )
+        raise CheckpointMismatchError(f"cannot read checkpoint {path}: {e}.{hint}") from e
+    if not isinstance(ckpt, dict) or "model" not in ckpt:
+        raise CheckpointMismatchError(f"{path} is not an asrprec checkpoint (no 'model' entry)")
+    return ckpt
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module | None = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    scaler: Any = None,
+    sampler: Any = None,
+    policy: Any = None,
+    model_avg: nn.Module | None = None,
+    strict: bool = True,
+    restore_rng: bool = True,
+    map_location: Any = "cpu",
+    weights_only: bool = True,
+) -> dict:
+    """Load a checkpoint into the given objects (those left None are not touched).
+
+    Args:
+        path: the checkpoint file.
+        model: receives the weights, cast to its own parameter dtypes (see the module docstring's rule).
+        optimizer / scheduler / scaler / sampler / model_avg: receive their saved states; asking for a state
+            the checkpoint lacks raises :class:`CheckpointMismatchError`.
+        policy: the current precision policy; a different saved policy gives :class:`CheckpointPolicyWarning`.
+        strict: passed to ``model.load_state_dict``.
+        restore_rng: restore python / numpy / torch (CPU, CUDA) generator states, for an exact resume.
+        map_location: where tensors are loaded (``"cpu"`` then copied into the objects' own devices).
+    Returns:
+        ``{"extra": dict, "config": dict, "policy": dict | None, "format_version": int}``.
+    """
+    ckpt = read_checkpoint(path, map_location=map_location, weights_only=weights_only)
+    saved_policy = ckpt.get("policy")
+    if policy is not None and saved_policy is not None and saved_policy.get("policy") != policy.name:
+        warnings.warn(
+            f"checkpoint {path} was saved under precision policy {saved_policy.get('policy')!r} "
+            f"(params {saved_policy.get('param_dtype')}), loading under {policy.name!r}: model weights are cast "
+            "to the current model's dtypes; the grad-scaler state applies only if both policies use one.",
+            CheckpointPolicyWarning,
+            stacklevel=2,
+        )
+
+    def need(key: str) -> Any:
+        if key not in ckpt:
+            raise CheckpointMismatchError(
+                f"checkpoint {path} has no {key!r} state (it holds: {', '.join(sorted(ckpt))}); pass {key}=None "
+                "to skip it"
+            )
+        return ckpt[key]
+
+    if optimizer is not None:
+        state = need("optimizer")
+        saved_kind = ckpt.get("optimizer_kind", _saved_optimizer_kind(state))
+        kind = _optimizer_kind(optimizer)
+        if saved_kind != kind:
+            describe = {"master": "the bf16 policy's fp32-master-weights optimizer", "plain": "a plain optimizer"}
+            saved_name = (saved_policy or {}).get("policy", "unknown")
+            raise CheckpointMismatchError(
+                f"checkpoint {path} holds the state of {describe[saved_kind]} (saved under policy {saved_name!r}) "
+                f"but the optimizer given is {describe[kind]}. Fix: resume under the saved policy "
+                f"(--precision {saved_name}), or pass optimizer=None (and scheduler=None) to load only the "
+                "weights and start the optimizer afresh."
+            )
+
+    if model is not None:
+        unwrap_model(model).load_state_dict(ckpt["model"], strict=strict)
+    if model_avg is not None:
+        unwrap_model(model_avg).load_state_dict(need("model_avg"), strict=strict)
+    # After the model: the master-weights optimizer copies its fp32 masters into the model's bf16 params.
+    if optimizer is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    if scheduler is not None:
+        scheduler.load_state_dict(need("scheduler"))
+    if scaler is not None:
+        scaler.load_state_dict(need("scaler"))
+    if sampler is not None:
+        sampler.load_state_dict(need("sampler"))
+    if restore_rng and "rng" in ckpt:
+        set_rng_state(ckpt["rng"])
+    return {
+        "extra": ckpt.get("extra", {}),
+        "config": ckpt.get("config", {}),
+        "policy": saved_policy,
+        "format_version": ckpt.get("format_version", 0),
+    }
+
+
+# -- file names, rotation --------------------------------------------------------------------------
+
+
+def epoch_checkpoint_path(exp_dir: str | os.PathLike, epoch: int) -> Path:
+    """``exp_dir/epoch-{epoch}.pt`` (icefall's name for end-of-epoch checkpoints)."""
+    return Path(exp_dir) / f"epoch-{epoch}.pt"
+
+
+def batch_checkpoint_path(exp_dir: str | os.PathLike, batch_idx_train: int) -> Path:
+    """``exp_dir/checkpoint-{batch_idx_train}.pt`` (icefall's name for periodic checkpoints)."""
+    return Path(exp_dir) / f"checkpoint-{batch_idx_train}.pt"
+
+
+def _number(p: Path) -> int | None:
+    nums = re.findall(r"\d+", p.stem)
+    return int(nums[-1]) if nums else None
+
+
+def list_checkpoints(exp_dir: str | os.PathLike, pattern: str = "checkpoint-*.pt") -> list[Path]:
+    """Files matching ``pattern`` that carry a number, newest (largest number) first."""
+    files = [(n, p) for p in Path(exp_dir).glob(pattern) if (n := _number(p)) is not None]
+    return [p for _, p in sorted(files, key=lambda x: x[0], reverse=True)]
+
+
+def keep_last_k(
+    exp_dir: str | os.PathLike, pattern: str = "checkpoint-*.pt", k: int = 30, *, rank: int = 0
+) -> list[Path]:
+    """Delete all but the ``k`` newest checkpoints matching ``pattern`` (ordered by the number in the name).
+
+    ``k <= 0`` keeps everything (icefall's ``--keep-last-k 0``). Only rank 0 deletes. Returns the deleted paths.
+    """
+    if rank != 0 or k <= 0:
+        return []
+    doomed = list_checkpoints(exp_dir, pattern)[k:]
+    for p in doomed:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    return doomed
+
+
+# -- averaging -------------------------------------------------------------------------------------
+
+
+def find_epoch_checkpoints(exp_dir: str | os.PathLike, epoch: int, avg: int) -> list[Path]:
+    """``epoch-(epoch-avg+1).pt … epoch-{epoch}.pt`` in ``exp_dir`` (icefall's ``--epoch E --avg A``)."""
+    if avg < 1:
+        raise ValueError(f"avg must be >= 1, got {avg}")
+    if epoch - avg + 1 < 1:
+        raise ValueError(f"cannot average {avg} epochs ending at epoch {epoch} (epochs start at 1); use avg <= {epoch}")
+    paths = [epoch_checkpoint_path(exp_dir, e) for e in range(epoch - avg + 1, epoch + 1)]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        have = [p.name for p in sorted(list_checkpoints(exp_dir, "epoch-*.pt"), key=_number)]
+        raise FileNotFoundError(
+            f"cannot average epochs {epoch - avg + 1}..{epoch}: missing {', '.join(missing)} in {exp_dir} "
+            f"(present: {', '.join(have) or 'none'}). Fix: choose --epoch/--avg within the present epochs."
+        )
+    return paths
+
+
+def average_checkpoints(
+    paths: Iterable[str | os.PathLike], *, key: str = "model", map_location: Any = "cpu", weights_only: bool = True
+) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the ``key`` state_dicts of ``paths``.
+
+    Floating tensors are summed in float64 and the mean is cast back to the dtype they have in the *last*
+    checkpoint; integer / bool buffers (counters such as BatchNorm's ``num_batches_tracked``) are taken from the
+    last checkpoint, since a mean of counters means nothing.
+    """
+    paths = list(paths)
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint path")
+    acc: dict[str, torch.Tensor] = {}
+    last: dict[str, torch.Tensor] = {}
+    for i, p in enumerate(paths):
+        ckpt = read_checkpoint(p, map_location=map_location, weights_only=weights_only)
+        if key not in ckpt:
+            raise CheckpointMismatchError(f"checkpoint {p} has no {key!r} entry")
+        state = ckpt[key]
+        if i == 0:
+            acc = {k: v.double().clone() for k, v in state.items() if v.is_floating_point()}
+            names = set(state)
+        else:
+            if set(state) != names:
+                diff = sorted(set(state) ^ names)
+                raise CheckpointMismatchError(
+                    f"checkpoint {p} has different tensors from {paths[0]} (e.g. {diff[:5]}); "
+                    "only checkpoints of the same model can be averaged"
+                )
+            for k, a in acc.items():
+                if state[k].shape != a.shape:
+                    raise CheckpointMismatchError(
+                        f"{k} has shape {tuple(state[k].shape)} in {p} but {tuple(a.shape)} in {paths[0]}"
+                    )
+                a += state[k].double()
+        last = state
+    n = len(paths)
+    return {k: (acc[k] / n).to(v.dtype) if k in acc else v.clone() for k, v in last.items()}

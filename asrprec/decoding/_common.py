@@ -1,0 +1,92 @@
+"""Shared plumbing of the transducer decoders: input checks, length bookkeeping, projections, fp32 log-softmax.
+
+Legend: B utterances, T encoder frames, D_enc encoder width, J joiner width, V vocabulary (blank
+included), N rows (utterances or hypotheses) in one joiner call, C the decoder's context size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from asrprec.precision import fp32_island
+
+
+def check_inputs(encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> None:
+    if encoder_out.dim() != 3:
+        raise ValueError(
+            f"encoder_out must be (B, T, D_enc), got shape {tuple(encoder_out.shape)}; "
+            "for one utterance use encoder_out.unsqueeze(0)"
+        )
+    B, T = encoder_out.shape[:2]
+    if encoder_out_lens.shape != (B,):
+        raise ValueError(f"encoder_out_lens must have shape ({B},), got {tuple(encoder_out_lens.shape)}")
+    if encoder_out_lens.dtype.is_floating_point or encoder_out_lens.dtype == torch.bool:
+        raise ValueError(f"encoder_out_lens must be an integer tensor, got {encoder_out_lens.dtype}")
+    if B and (int(encoder_out_lens.min()) < 0 or int(encoder_out_lens.max()) > T):
+        raise ValueError(
+            f"encoder_out_lens must lie in [0, T={T}], got min {int(encoder_out_lens.min())} "
+            f"max {int(encoder_out_lens.max())}; pass the lengths returned by model.encode()"
+        )
+
+
+@dataclass
+class SortedBatch:
+    """Utterances sorted by decreasing length, so the ones still active at frame t are a prefix.
+
+    This is the bookkeeping of ``torch.nn.utils.rnn.pack_padded_sequence`` (which icefall uses), done by
+    hand because packing rejects zero-length utterances, which decoding must accept.
+
+    Attributes:
+        encoder_proj: (B, T, J) the joiner's encoder projection of the sorted encoder output.
+        batch_sizes: ``batch_sizes[t]`` = number of utterances with more than t frames (non-increasing).
+        order: (B,) ``order[i]`` is the original index of sorted utterance i.
+    """
+
+    encoder_proj: torch.Tensor
+    batch_sizes: list[int]
+    order: list[int]
+
+    def unsort(self, results: list) -> list:
+        out: list = [None] * len(results)
+        for i, orig in enumerate(self.order):
+            out[orig] = results[i]
+        return out
+
+
+def sort_and_project(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> SortedBatch:
+    check_inputs(encoder_out, encoder_out_lens)
+    lens = encoder_out_lens.detach().to("cpu", torch.int64)
+    order = torch.argsort(lens, descending=True, stable=True)
+    lens_sorted = lens[order]
+    T_max = int(lens_sorted[0]) if len(lens_sorted) else 0
+    batch_sizes = (lens_sorted[None, :] > torch.arange(T_max)[:, None]).sum(dim=1).tolist()
+    proj = model.joiner.encoder_proj
+    # Decoding accepts encoder_out in any float dtype; the projection needs its own (a bf16-cast model's
+    # encoder_out is bf16 already; an fp32 encoder_out fed to a bf16-cast joiner would not run otherwise).
+    x = encoder_out.index_select(0, order.to(encoder_out.device)).to(proj.weight.dtype)
+    return SortedBatch(encoder_proj=proj(x), batch_sizes=batch_sizes, order=order.tolist())
+
+
+def decoder_step(model: nn.Module, contexts: torch.Tensor) -> torch.Tensor:
+    """Projected decoder output for the last C tokens of each row: (N, C) int64 → (N, J)."""
+    return model.joiner.decoder_proj(model.predict(contexts)).squeeze(1)
+
+
+def joint_logits(model: nn.Module, enc_proj: torch.Tensor, dec_proj: torch.Tensor) -> torch.Tensor:
+    """Logits from precomputed projections: (N, J) and (N, J) → (N, V), in the compute dtype."""
+    return model.joiner(enc_proj, dec_proj, project_input=False)
+
+
+@fp32_island
+def log_softmax_fp32(logits: torch.Tensor) -> torch.Tensor:
+    """(N, V) logits in any dtype → (N, V) float32 log-probabilities (bf16 log-softmax loses ~3 digits)."""
+    return logits.log_softmax(dim=-1)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")

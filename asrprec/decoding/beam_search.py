@@ -1,0 +1,102 @@
+"""Batched ``modified_beam_search`` for transducers (one symbol per frame), without k2.
+
+Follows icefall's ``modified_beam_search`` (k2-fsa/icefall egs/librispeech/ASR/pruned_transducer_stateless2/
+beam_search.py): every hypothesis consumes exactly one frame per step, emitting either blank or one token;
+the candidates of all hypotheses of one utterance compete for ``beam`` places; hypotheses with the same label
+sequence merge by log-add. icefall does the per-utterance top-k over a k2 ragged tensor; here the (at most
+``beam``) hypotheses of each utterance are scattered into a padded (B, beam, V) block filled with -inf, so a
+single batched ``topk`` serves every utterance.
+
+Final choice: like icefall (``get_most_probable(length_norm=True)``), the best hypothesis by
+``log_prob / (context_size + len(tokens))`` — its ``ys`` counts the context prefix. Length normalisation
+counters the per-token cost that makes raw scores prefer short outputs; ``length_norm=False`` picks by raw
+``log_prob`` (the maximum-probability label sequence among the survivors).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._common import decoder_step, joint_logits, log_softmax_fp32, model_device, sort_and_project
+from .hypothesis import Hypothesis, HypothesisList
+
+
+@torch.no_grad()
+def modified_beam_search(
+    model: nn.Module,
+    encoder_out: torch.Tensor,
+    encoder_out_lens: torch.Tensor,
+    beam: int = 4,
+    *,
+    length_norm: bool = True,
+    return_hypotheses: bool = False,
+) -> list[list[int]] | list[HypothesisList]:
+    """Beam search over label sequences with one symbol per frame, batched across utterances.
+
+    Scores are fp32 log-softmax values (computed in an fp32 island whatever the model's dtype) summed in
+    float64.
+
+    Legend: B utterances, T encoder frames, D_enc encoder width, V vocabulary (blank included).
+
+    Args:
+        model: a transducer exposing ``predict``, ``joiner`` (``encoder_proj``, ``decoder_proj``,
+            ``forward(..., project_input=False)``) and ``decoder.blank_id`` / ``decoder.context_size``;
+            any precision (fp32, a bf16-cast model, or called under autocast).
+        encoder_out: (B, T, D_enc) from ``model.encode``, any float dtype.
+        encoder_out_lens: (B,) integer valid frames per utterance; 0 is allowed (gives ``[]``).
+        beam: hypotheses kept per utterance (>= 1; ``beam=1`` is one-symbol-per-frame greedy search).
+        length_norm: pick the final hypothesis by length-normalised score (icefall's choice) or raw score.
+        return_hypotheses: return each utterance's final :class:`HypothesisList` instead of the best tokens.
+    Returns:
+        B lists of token ids (input order, no blanks, no start context), or B ``HypothesisList``.
+    """
+    if not isinstance(beam, int) or beam < 1:
+        raise ValueError(f"beam must be an integer >= 1, got {beam!r}")
+    batch = sort_and_project(model, encoder_out, encoder_out_lens)
+    B = encoder_out.size(0)
+    if B == 0:
+        return []
+    blank = model.decoder.blank_id
+    C = model.decoder.context_size
+    device = model_device(model)
+    enc = batch.encoder_proj  # (B, T, J), sorted by decreasing length
+
+    beams = [HypothesisList([Hypothesis()]) for _ in range(B)]
+    for t, n in enumerate(batch.batch_sizes):
+        active = [list(beams[i]) for i in range(n)]
+        counts = [len(a) for a in active]
+        flat = [h for a in active for h in a]
+        H, max_h = len(flat), max(counts)
+        row_ids = torch.repeat_interleave(torch.arange(n), torch.tensor(counts)).to(device)  # (H,)
+        pos = torch.tensor([j for c in counts for j in range(c)], device=device)  # (H,) slot within its row
+
+        contexts = torch.tensor([h.context(C, blank) for h in flat], dtype=torch.int64, device=device)
+        dec = decoder_step(model, contexts)  # (H, J)
+        logits = joint_logits(model, enc[:, t].index_select(0, row_ids), dec)  # (H, V)
+        V = logits.size(-1)
+        scores = torch.tensor([h.log_prob for h in flat], dtype=torch.float64, device=device)
+        cand = log_softmax_fp32(logits).double() + scores[:, None]  # (H, V)
+
+        block = torch.full((n, max_h, V), float("-inf"), dtype=torch.float64, device=device)
+        block[row_ids, pos] = cand
+        k = min(beam, max_h * V)
+        top_scores, top_idx = block.view(n, max_h * V).topk(k, dim=1)  # (n, k)
+
+        top_scores, top_idx = top_scores.tolist(), top_idx.tolist()
+        for i in range(n):
+            new = HypothesisList()
+            for score, idx in zip(top_scores[i], top_idx[i]):
+                if score == float("-inf"):  # a padding slot (fewer than k real candidates)
+                    continue
+                src, tok = active[i][idx // V], idx % V
+                if tok == blank:
+                    new.add(Hypothesis(src.tokens, score, src.timestamps))
+                else:
+                    new.add(Hypothesis(src.tokens + (tok,), score, src.timestamps + (t,)))
+            beams[i] = new
+
+    beams = batch.unsort(beams)
+    if return_hypotheses:
+        return beams
+    return [list(b.get_most_probable(length_norm=length_norm, context_size=C).tokens) for b in beams]

@@ -1,0 +1,103 @@
+"""Hypothesis records for transducer beam search.
+
+A :class:`Hypothesis` is one partial label sequence with its score (log-probability summed over the
+alignments that were merged into it). A :class:`HypothesisList` holds at most one hypothesis per
+label sequence: adding a duplicate merges the two by log-add (the same label sequence reached by
+different alignments), which is what makes ``modified_beam_search`` a search over label sequences
+rather than over alignments (icefall, egs/librispeech/ASR/pruned_transducer_stateless2/beam_search.py,
+``Hypothesis`` / ``HypothesisList``; there ``ys`` includes the decoder's context prefix and the score is
+a tensor — here ``tokens`` excludes the prefix and the score is a Python float, so a hypothesis costs
+no device memory and merging needs no device sync).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterator
+
+
+def log_add(a: float, b: float) -> float:
+    """log(exp(a) + exp(b)) without overflow; ``-inf`` is the identity."""
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    hi, lo = (a, b) if a >= b else (b, a)
+    return hi + math.log1p(math.exp(lo - hi))
+
+
+@dataclass
+class Hypothesis:
+    """One partial label sequence.
+
+    Attributes:
+        tokens: emitted token ids, blank and the decoder's start context excluded.
+        log_prob: log-probability of ``tokens`` over the frames consumed so far (fp32 log-softmax
+            values accumulated in Python floats, i.e. float64).
+        timestamps: for each token, the encoder frame that emitted it (from the first alignment that
+            reached this sequence; merged duplicates keep the earlier record's timestamps).
+    """
+
+    tokens: tuple[int, ...] = ()
+    log_prob: float = 0.0
+    timestamps: tuple[int, ...] = field(default=())
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        return self.tokens
+
+    def context(self, context_size: int, blank_id: int) -> list[int]:
+        """The decoder input for this hypothesis: the last ``context_size`` tokens, left-padded with blank."""
+        if len(self.tokens) >= context_size:
+            return list(self.tokens[-context_size:])
+        return [blank_id] * (context_size - len(self.tokens)) + list(self.tokens)
+
+    def normalized_score(self, context_size: int) -> float:
+        """``log_prob / (context_size + len(tokens))`` — icefall's length normalisation, whose ``ys``
+        counts the context prefix (so an empty hypothesis divides by ``context_size``, never by 0)."""
+        return self.log_prob / (context_size + len(self.tokens))
+
+
+class HypothesisList:
+    """At most one :class:`Hypothesis` per label sequence; duplicates merge by log-add."""
+
+    def __init__(self, hyps: list[Hypothesis] | None = None):
+        self._data: dict[tuple[int, ...], Hypothesis] = {}
+        for h in hyps or ():
+            self.add(h)
+
+    def add(self, hyp: Hypothesis) -> None:
+        old = self._data.get(hyp.key)
+        if old is None:
+            self._data[hyp.key] = hyp
+        else:
+            old.log_prob = log_add(old.log_prob, hyp.log_prob)
+
+    def get_most_probable(self, length_norm: bool = False, context_size: int = 1) -> Hypothesis:
+        """The best hypothesis by raw ``log_prob`` or, with ``length_norm``, by
+        :meth:`Hypothesis.normalized_score` (ties: the one added first)."""
+        if not self._data:
+            raise ValueError("HypothesisList is empty: there is no most probable hypothesis")
+        if length_norm:
+            return max(self._data.values(), key=lambda h: h.normalized_score(context_size))
+        return max(self._data.values(), key=lambda h: h.log_prob)
+
+    def sorted(self) -> list[Hypothesis]:
+        """Hypotheses by decreasing ``log_prob``."""
+        return sorted(self._data.values(), key=lambda h: h.log_prob, reverse=True)
+
+    def __contains__(self, tokens: tuple[int, ...]) -> bool:
+        return tuple(tokens) in self._data
+
+    def __getitem__(self, tokens: tuple[int, ...]) -> Hypothesis:
+        return self._data[tuple(tokens)]
+
+    def __iter__(self) -> Iterator[Hypothesis]:
+        return iter(self._data.values())
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"HypothesisList({self.sorted()!r})"

@@ -1,0 +1,95 @@
+"""Command-line flags shared by every recipe, so recipes stay a page long (no copied argparse).
+
+Recipes add their dataset flags and defaults; these functions add the rest and turn the parsed
+namespace into typed configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from asrprec.models.transducer import JOINT_MODES, LOSSES
+from asrprec.precision import POLICIES
+
+from .config import OPTIMIZERS, TrainConfig
+
+PRECISION_HELP = (
+    "precision policy: fp32 (float32 everywhere); amp-fp16 (autocast float16 + grad scaler); "
+    "amp-bf16 (autocast bfloat16, fp32 weights); bf16 (whole model cast to bfloat16, fp32 master "
+    "weights in the optimizer). Losses, log-softmax and normalisation statistics always run in fp32."
+)
+
+
+def add_precision_args(p: argparse.ArgumentParser, default: str = "fp32") -> None:
+    p.add_argument("--precision", choices=POLICIES, default=default, help=PRECISION_HELP)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available, else cpu)")
+    p.add_argument("--bf16-update", choices=("master", "none"), default="master",
+                   help="bf16 policy only: fp32 master weights (default) or naive bf16 updates (for comparison)")
+
+
+def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "conformer", size: str = "tiny") -> None:
+    p.add_argument("--encoder", choices=("conformer", "zipformer"), default=encoder)
+    p.add_argument("--size", default=size, help="encoder preset: tiny, small, ... (see asrprec.models)")
+    p.add_argument("--context-size", type=int, default=2)
+    p.add_argument("--loss", choices=LOSSES, default="full",
+                   help="full: exact RNN-T; pruned: k2-style pruned RNN-T (simple loss + band of --prune-range)")
+    p.add_argument("--joint-mode", choices=JOINT_MODES, default="full",
+                   help="lean: exact loss computed tile by tile without materialising (B,T,U+1,V) logits")
+    p.add_argument("--loss-backend", default="auto", help="rnnt_loss backend (see asrprec.losses.available_backends)")
+    p.add_argument("--prune-range", type=int, default=5)
+
+
+def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
+    d = TrainConfig(exp_dir="exp", **defaults)
+    p.add_argument("--exp-dir", default=d.exp_dir)
+    p.add_argument("--num-epochs", type=int, default=d.num_epochs)
+    p.add_argument("--start-epoch", type=int, default=d.start_epoch, help="resume from epoch-(N-1).pt")
+    p.add_argument("--start-batch", type=int, default=d.start_batch, help="resume mid-epoch from checkpoint-N.pt")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
+    p.add_argument("--base-lr", type=float, default=d.base_lr)
+    p.add_argument("--lr-batches", type=float, default=d.lr_batches)
+    p.add_argument("--lr-epochs", type=float, default=d.lr_epochs)
+    p.add_argument("--warmup-batches", type=int, default=d.warmup_batches)
+    p.add_argument("--grad-clip", type=float, default=d.grad_clip)
+    p.add_argument("--log-interval", type=int, default=d.log_interval)
+    p.add_argument("--valid-interval", type=int, default=d.valid_interval)
+    p.add_argument("--save-every-n", type=int, default=d.save_every_n)
+    p.add_argument("--keep-last-k", type=int, default=d.keep_last_k)
+    p.add_argument("--max-batches-per-epoch", type=int, default=d.max_batches_per_epoch)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
+    p.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
+
+
+def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
+    keys = TrainConfig.__dataclass_fields__.keys()
+    return TrainConfig(**{k: getattr(args, k) for k in keys if hasattr(args, k)})
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epoch", type=int, required=True, help="decode with epoch-N.pt (averaged with --avg)")
+    p.add_argument("--avg", type=int, default=1, help="average the last AVG epoch checkpoints ending at --epoch")
+    p.add_argument("--decoding-method", choices=("greedy_search", "modified_beam_search"), default="greedy_search")
+    p.add_argument("--beam-size", type=int, default=4)
+    p.add_argument("--max-sym-per-frame", type=int, default=1)
+
+
+def resolve_device(name: str | None) -> str:
+    import torch
+
+    return name or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def setup_logging(log_file: str | None = None, rank: int = 0) -> None:
+    """Log to stderr (rank 0) and to ``log_file``; other ranks log warnings only."""
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if log_file:
+        handlers.append(logging.FileHandler(log_file))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format="%(asctime)s %(levelname)s [%(name)s] %(message)s",
+        handlers=handlers,
+        force=True,
+    )

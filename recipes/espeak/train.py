@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Train a transducer on the embedded espeak-ng corpus (run prepare.py first).
+
+    python recipes/espeak/train.py --precision amp-bf16 --exp-dir recipes/espeak/exp/amp-bf16
+
+Every precision policy, encoder, loss and joint mode is a flag; the loop lives in asrprec.training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
+from asrprec.models import LossConfig, build_transducer, count_parameters
+from asrprec.precision import get_policy
+from asrprec.tokenizer import Tokenizer
+from asrprec.training import train
+from asrprec.training.cli import (
+    add_model_args, add_precision_args, add_training_args, resolve_device, setup_logging, train_config_from_args,
+)
+
+HERE = Path(__file__).resolve().parent
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", type=Path, default=HERE / "data")
+    p.add_argument("--max-duration", type=float, default=120.0, help="seconds of audio per batch")
+    p.add_argument("--num-workers", type=int, default=0, help="dataloader workers")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    add_precision_args(p)
+    add_model_args(p, encoder="conformer", size="tiny")
+    # Defaults tuned for the tiny corpus: a few hundred batches in total, so a short LR schedule.
+    add_training_args(p, exp_dir=str(HERE / "exp" / "default"), num_epochs=8, optimizer="scaled_adam",
+                      base_lr=0.045, lr_batches=500, lr_epochs=4, warmup_batches=100, log_interval=20)
+    return p
+
+
+def main() -> None:
+    args = get_parser().parse_args()
+    exp_dir = Path(args.exp_dir)
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(str(exp_dir / "train.log"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = train_config_from_args(args)
+    tokenizer = Tokenizer(args.data_dir / "bpe.model")
+    cuts = load_fbank_cuts(args.data_dir)
+    data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed))
+    model = build_transducer(
+        encoder=args.encoder, size=args.size, vocab_size=tokenizer.vocab_size, blank_id=tokenizer.blank_id,
+        context_size=args.context_size,
+        loss=LossConfig(loss=args.loss, joint_mode=args.joint_mode, backend=args.loss_backend,
+                        prune_range=args.prune_range),
+        model_warmup_batches=300,
+    )
+    policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
+    model_config = {"encoder": args.encoder, "size": args.size, "vocab_size": tokenizer.vocab_size,
+                    "blank_id": tokenizer.blank_id, "context_size": args.context_size,
+                    "loss": {"loss": args.loss, "joint_mode": args.joint_mode, "backend": args.loss_backend,
+                             "prune_range": args.prune_range}}
+    (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
+    print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
+    state = train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
+                  valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, config_for_checkpoint={"model": model_config})
+    (exp_dir / "history.json").write_text(json.dumps(state.history, indent=1))
+
+
+if __name__ == "__main__":
+    main()
