@@ -84,7 +84,7 @@ def test_full_loss_matches_enumeration():
     for b in range(2):
         T, U = int(feat_lens[b]), int(target_lens[b])
         logits = m.joiner(enc[b, :T, None], dec[b, None, : U + 1])
-        expect += float(brute_force_loss(logits, targets[b, :U].tolist()))
+        expect += float(brute_force_loss(logits.detach(), targets[b, :U].tolist()))
     assert out["loss"].dtype == torch.float64 and out["loss"].dim() == 0
     assert math.isclose(float(out["loss"]), expect, rel_tol=1e-9)
 
@@ -114,3 +114,32 @@ def test_targets_must_be_integer():
     m = tiny_model()
     with pytest.raises(ValueError, match="integer"):
         m(torch.randn(1, 4, 8), torch.tensor([4]), torch.tensor([[1.0, 2.0]]), torch.tensor([2]))
+
+
+def _batch():
+    g = torch.Generator().manual_seed(3)
+    return (torch.randn(2, 6, 8, generator=g, dtype=torch.float64), torch.tensor([6, 4]),
+            torch.tensor([[1, 2, 3], [4, 1, -1]]), torch.tensor([3, 2]))
+
+
+def test_lean_joint_mode_equals_full_loss_and_gradients():
+    full, lean = tiny_model().double(), tiny_model(joint_mode="lean", lean_tile_t=2).double()
+    lean.load_state_dict(full.state_dict())
+    out_f, out_l = full(*_batch()), lean(*_batch())
+    assert torch.allclose(out_f["loss"], out_l["loss"], rtol=1e-10)
+    out_f["loss"].backward()
+    out_l["loss"].backward()
+    for (n, a), b in zip(full.named_parameters(), lean.parameters()):
+        if a.grad is not None:
+            assert torch.allclose(a.grad, b.grad, rtol=1e-8, atol=1e-10), n
+
+
+def test_pruned_loss_with_full_band_equals_full_loss():
+    full, pruned = tiny_model().double(), tiny_model(loss="pruned", prune_range=4).double()
+    pruned.load_state_dict(full.state_dict())
+    full.eval(), pruned.eval()
+    out_f, out_p = full(*_batch()), pruned(*_batch())
+    assert torch.allclose(out_p["pruned_loss"], out_f["loss"], rtol=1e-9)
+    assert torch.isfinite(out_p["simple_loss"])
+    # eval uses the final scales: 0.5 * simple + 1.0 * pruned
+    assert torch.allclose(out_p["loss"], 0.5 * out_p["simple_loss"] + out_p["pruned_loss"])

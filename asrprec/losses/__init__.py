@@ -1,0 +1,24 @@
+"""RNN-T losses: one dispatcher (:func:`rnnt_loss`) over registered backends.
+
+Backends: ``torch`` (reference), ``numba`` (CPU), ``numba-cuda``, ``torchaudio``, ``k2``; see
+:func:`available_backends`. Optional packages are imported only when their backend runs.
+"""
+
+from .api import BackendSpec, available_backends, register_backend, resolve_backend, rnnt_loss
+from .lean import rnnt_loss_lean
+from .pruned import do_rnnt_pruning, get_rnnt_prune_ranges, rnnt_loss_pruned, rnnt_loss_smoothed
+from .validate import validate_rnnt_inputs
+
+__all__ = [
+    "BackendSpec",
+    "available_backends",
+    "do_rnnt_pruning",
+    "get_rnnt_prune_ranges",
+    "register_backend",
+    "resolve_backend",
+    "rnnt_loss",
+    "rnnt_loss_lean",
+    "rnnt_loss_pruned",
+    "rnnt_loss_smoothed",
+    "validate_rnnt_inputs",
+]

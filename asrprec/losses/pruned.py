@@ -1,0 +1,261 @@
+"""Pruned RNN-T loss in plain PyTorch (no k2).
+
+Semantics follow k2's ``rnnt_loss_smoothed``, ``get_rnnt_prune_ranges``, ``do_rnnt_pruning`` and
+``rnnt_loss_pruned`` (k2-fsa/k2 ``k2/python/k2/rnnt_loss.py``; Kuang et al., "Pruned RNN-T for fast,
+memory-efficient ASR training", 2022), written against our conventions: padded targets (B, U) plus
+``target_lens``, ``logit_lens``, lattice tensors laid out (B, T, U+1) like the logits.
+
+Training recipe (icefall): project encoder and decoder outputs to V ("am", "lm"), compute the smoothed
+"simple" loss with ``return_grad=True``, turn its transition posteriors into per-frame windows of
+``s_range`` label positions (:func:`get_rnnt_prune_ranges`), run the real joiner only on those windows
+(:func:`do_rnnt_pruning`), and score them with :func:`rnnt_loss_pruned`.
+
+Legend: B batch, T encoder frames, U target tokens (lattice rows u = 0..U), V vocabulary (blank
+included), S = s_range window size, D feature dim.
+
+Differences from k2 (deliberate):
+
+* Only the standard ("not modified") transducer topology; boundaries are given as ``logit_lens`` /
+  ``target_lens`` (k2's ``boundary[:, 2:]``), always starting at (0, 0).
+* The AM-only unigram averages the LM softmax over *valid* rows u <= U_b only (k2 averages over all
+  padded rows as well).
+* A term whose scale is exactly 0 is skipped instead of being multiplied by 1e-20 (k2's guard against
+  0 * -inf); the value differs from k2 by at most ~1e-20 relative.
+* ``get_rnnt_prune_ranges`` caps ``s_range`` at U+1 (every row), where k2 caps it at U; with
+  ``s_range >= U+1`` the pruned loss is therefore exactly the full loss.
+* ``reduction`` defaults to "sum" (icefall's usage); "mean" is the mean over the batch, as in k2.
+* Inputs are computed in fp32 (fp16/bf16 are promoted inside an fp32 island; fp64 stays fp64 so the
+  functions can be gradchecked).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asrprec.losses.lattice import extend_targets, reduce_loss, rnnt_lattice_nll, validate_targets
+from asrprec.precision import fp32_island
+
+__all__ = ["rnnt_loss_smoothed", "get_rnnt_prune_ranges", "do_rnnt_pruning", "rnnt_loss_pruned"]
+
+
+def _smoothed_logprobs(lm, am, tgt_ext, target_lens, blank, lm_only_scale, am_only_scale):
+    """Per-cell (blank, label) log-probs (B, T, U+1) of the interpolated additive-joiner model."""
+    B, T, V = am.shape
+    U1 = lm.shape[1]
+    # exp(am - max) @ exp(lm - max)^T gives sum_v exp(am[t, v] + lm[u, v]) for every cell without ever
+    # forming B x T x (U+1) x V (k2's trick). The maxima are constants for the gradient, so detach them.
+    am_max = am.detach().amax(dim=2, keepdim=True)  # (B, T, 1)
+    lm_max = lm.detach().amax(dim=2, keepdim=True)  # (B, U1, 1)
+    am_e = (am - am_max).exp()
+    lm_e = (lm - lm_max).exp()
+    tiny = torch.finfo(am.dtype).tiny
+
+    am_y = am.gather(2, tgt_ext.view(B, 1, U1).expand(B, T, U1))  # (B, T, U1): am[t, y_{u+1}]
+    lm_y = lm.gather(2, tgt_ext.view(B, U1, 1)).view(B, 1, U1)  # lm[u, y_{u+1}]
+    am_b = am[:, :, blank].view(B, T, 1)
+    lm_b = lm[:, :, blank].view(B, 1, U1)
+
+    combined_scale = 1.0 - lm_only_scale - am_only_scale
+    blank_lp = torch.zeros((), dtype=am.dtype, device=am.device)
+    label_lp = blank_lp
+    if combined_scale != 0.0:
+        norm = (torch.bmm(am_e, lm_e.transpose(1, 2)) + tiny).log() + am_max + lm_max.transpose(1, 2)  # (B,T,U1)
+        blank_lp = blank_lp + combined_scale * (am_b + lm_b - norm)
+        label_lp = label_lp + combined_scale * (am_y + lm_y - norm)
+    if lm_only_scale != 0.0:
+        lm_lse = lm.logsumexp(dim=2).view(B, 1, U1)
+        blank_lp = blank_lp + lm_only_scale * (lm_b - lm_lse)
+        label_lp = label_lp + lm_only_scale * (lm_y - lm_lse)
+    if am_only_scale != 0.0:
+        # "AM-only" model: the acoustic scores combined with a unigram LM = the LM softmax averaged over
+        # all valid histories (rows u <= U_b of every utterance).
+        valid = (torch.arange(U1, device=lm.device).view(1, U1) <= target_lens.view(B, 1)).to(lm.dtype)
+        lm_sm = lm_e / lm_e.sum(dim=2, keepdim=True)
+        unigram = (lm_sm * valid.unsqueeze(2)).sum(dim=(0, 1)) / valid.sum() + tiny  # (V,)
+        log_uni = unigram.log()
+        am_norm = (am_e @ unigram).log().unsqueeze(2) + am_max  # (B, T, 1)
+        blank_lp = blank_lp + am_only_scale * (am_b + log_uni[blank] - am_norm)
+        label_lp = label_lp + am_only_scale * (am_y + log_uni[tgt_ext].view(B, 1, U1) - am_norm)
+    shape = (B, T, U1)
+    return blank_lp.expand(shape), label_lp.expand(shape)
+
+
+@fp32_island
+def rnnt_loss_smoothed(
+    lm: torch.Tensor,
+    am: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lens: torch.Tensor,
+    target_lens: torch.Tensor,
+    *,
+    blank: int = 0,
+    lm_only_scale: float = 0.25,
+    am_only_scale: float = 0.0,
+    reduction: str = "sum",
+    return_grad: bool = False,
+):
+    """The "simple" RNN-T loss of an additive joiner, smoothed with LM-only and AM-only terms.
+
+    Per cell, log p = (1-l-a)·log softmax(am[t] + lm[u]) + l·log softmax(lm[u]) + a·log(softmax-over-v of
+    am[t] + log unigram), l = ``lm_only_scale``, a = ``am_only_scale``, evaluated only at the blank and at
+    y_{u+1}; the normalisers come from one batched matmul, never a (B, T, U+1, V) tensor. With
+    l = a = 0 this is exactly the RNN-T loss of logits ``am[:, :, None] + lm[:, None]``.
+
+    Args:
+        lm: (B, U+1, V) float, decoder ("language model") part of the logits; row u sees y_1..y_u.
+        am: (B, T, V) float, encoder ("acoustic model") part of the logits.
+        targets: (B, U) int, padded label ids (values past ``target_lens`` are ignored).
+        logit_lens: (B,) int, valid frames T_b.
+        target_lens: (B,) int, valid labels U_b.
+        blank: blank id. reduction: "sum" | "mean" (over the batch) | "none".
+        return_grad: also return the transition posteriors used to prune.
+
+    Returns:
+        loss: scalar, or (B,) with reduction="none"; fp32 (fp64 for fp64 inputs).
+        With ``return_grad``: ``(loss, (px_grad, py_grad))``: px_grad (B, T, U+1) = posterior of the
+        label transition out of (t, u), py_grad (B, T, U+1) = posterior of the blank transition, i.e.
+        minus the gradients of the unreduced loss w.r.t. the label / blank log-probs (k2's "px/py grads",
+        transposed to our (B, T, U+1) layout). Detached; zero outside each lattice.
+    """
+    if lm.dim() != 3 or am.dim() != 3 or lm.shape[0] != am.shape[0] or lm.shape[2] != am.shape[2]:
+        raise ValueError(f"lm must be (B, U+1, V) and am (B, T, V) with equal B and V, got lm "
+                         f"{tuple(lm.shape)} and am {tuple(am.shape)}")
+    B, T, V = am.shape
+    U = lm.shape[1] - 1
+    targets, logit_lens, target_lens = validate_targets(
+        targets, logit_lens, target_lens, shape=(B, T, U + 1, V), dtype=am.dtype, device=am.device, blank=blank)
+    tgt_ext = extend_targets(targets, target_lens, blank)
+    blank_lp, label_lp = _smoothed_logprobs(lm, am, tgt_ext, target_lens.to(am.device), blank,
+                                            float(lm_only_scale), float(am_only_scale))
+    loss, (blank_post, label_post) = rnnt_lattice_nll(blank_lp, label_lp, logit_lens, target_lens,
+                                                      return_posteriors=True)
+    loss = reduce_loss(loss, reduction)
+    if return_grad:
+        return loss, (label_post, blank_post)
+    return loss
+
+
+@torch.no_grad()
+def get_rnnt_prune_ranges(
+    px_grad: torch.Tensor,
+    py_grad: torch.Tensor,
+    logit_lens: torch.Tensor,
+    target_lens: torch.Tensor,
+    s_range: int,
+) -> torch.Tensor:
+    """Per-frame windows of ``S = min(s_range, U+1)`` consecutive lattice rows to keep.
+
+    For each frame the window start maximises the posterior mass (px_grad + py_grad) inside the window;
+    then the starts are made valid for every utterance b (k2's ``_adjust_pruning_lower_bound``, our code):
+
+    * frames t >= T_b - 1 start at max(U_b + 1 - S, 0), so the final cell (T_b-1, U_b) is inside;
+    * non-decreasing in t (a backward running minimum);
+    * s[t+1] - s[t] <= S - 1 (no row is skipped between frames) and s[0] = 0 (a running minimum of
+      (S-1)·t - s, clamped at 0).
+
+    Hence 0 <= start <= max(U_b + 1 - S, 0). When U_b > (S-1)·(T_b-1)+S-1 no window sequence can reach
+    the final cell and that utterance's pruned loss is infinite (as in k2).
+
+    Args:
+        px_grad: (B, T, U+1) label-transition posteriors from :func:`rnnt_loss_smoothed`.
+        py_grad: (B, T, U+1) blank-transition posteriors.
+        logit_lens: (B,) int, T_b. target_lens: (B,) int, U_b.
+        s_range: window size requested (>= 1).
+
+    Returns:
+        ranges: (B, T, S) int64, ranges[b, t, k] = start[b, t] + k.
+    """
+    if px_grad.dim() != 3 or px_grad.shape != py_grad.shape:
+        raise ValueError(f"px_grad and py_grad must both be (B, T, U+1), got {tuple(px_grad.shape)} and "
+                         f"{tuple(py_grad.shape)}")
+    if s_range < 1:
+        raise ValueError(f"s_range must be >= 1, got {s_range}")
+    B, T, U1 = px_grad.shape
+    S = min(int(s_range), U1)
+    dev = px_grad.device
+    occ = (px_grad + py_grad).to(torch.float64)  # float64 cumsum: window sums stay exact enough to rank
+    cs = torch.cat([occ.new_zeros(B, T, 1), occ.cumsum(dim=2)], dim=2)  # (B, T, U1+1)
+    start = (cs[:, :, S:] - cs[:, :, :-S]).argmax(dim=2)  # (B, T) in [0, U1 - S]
+
+    t = torch.arange(T, device=dev).view(1, T)
+    last = (target_lens.to(dev).view(B, 1) + 1 - S).clamp(min=0)
+    start = torch.where(t >= logit_lens.to(dev).view(B, 1) - 1, last.expand(B, T), start)
+    start = start.flip(1).cummin(dim=1).values.flip(1)  # non-decreasing
+    v = (S - 1) * t - start
+    v = v.flip(1).cummin(dim=1).values.flip(1).clamp(min=0)  # v non-decreasing and >= 0
+    start = (S - 1) * t - v
+    return start.unsqueeze(2) + torch.arange(S, device=dev).view(1, 1, S)
+
+
+def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather the joiner inputs of the kept cells.
+
+    Args:
+        am: (B, T, D) encoder-side joiner input (e.g. the projected encoder output).
+        lm: (B, U+1, D) decoder-side joiner input.
+        ranges: (B, T, S) int64 from :func:`get_rnnt_prune_ranges`.
+
+    Returns:
+        am_pruned: (B, T, S, D), an expanded view of ``am``.
+        lm_pruned: (B, T, S, D), lm_pruned[b, t, k] = lm[b, ranges[b, t, k]].
+    """
+    if am.dim() != 3 or lm.dim() != 3 or ranges.dim() != 3:
+        raise ValueError(f"am (B, T, D), lm (B, U+1, D), ranges (B, T, S) expected, got {tuple(am.shape)}, "
+                         f"{tuple(lm.shape)}, {tuple(ranges.shape)}")
+    B, T, S = ranges.shape
+    if am.shape[:2] != (B, T) or lm.shape[0] != B or am.shape[2] != lm.shape[2]:
+        raise ValueError(f"shapes disagree: am {tuple(am.shape)}, lm {tuple(lm.shape)}, ranges {tuple(ranges.shape)}")
+    am_pruned = am.unsqueeze(2).expand(B, T, S, am.shape[2])
+    lm_pruned = lm[torch.arange(B, device=lm.device).view(B, 1, 1), ranges]
+    return am_pruned, lm_pruned
+
+
+@fp32_island
+def rnnt_loss_pruned(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ranges: torch.Tensor,
+    logit_lens: torch.Tensor,
+    target_lens: torch.Tensor,
+    *,
+    blank: int = 0,
+    reduction: str = "sum",
+) -> torch.Tensor:
+    """RNN-T loss on the pruned joiner output: every cell outside the windows has probability 0.
+
+    Args:
+        logits: (B, T, S, V) float (any precision; log-softmax runs in fp32), the joiner on
+            ``do_rnnt_pruning`` outputs.
+        targets: (B, U) int padded labels. ranges: (B, T, S) int64 rows kept per frame.
+        logit_lens: (B,) int T_b. target_lens: (B,) int U_b.
+        blank: blank id. reduction: "sum" | "mean" (over the batch) | "none".
+
+    Returns:
+        scalar loss, or (B,) with reduction="none"; fp32 (fp64 for fp64 logits). Equals the full RNN-T
+        loss when S = U+1.
+    """
+    if logits.dim() != 4:
+        raise ValueError(f"logits must be (B, T, S, V), got {tuple(logits.shape)}")
+    B, T, S, V = logits.shape
+    if targets.dim() != 2:
+        raise ValueError(f"targets must be (B, U), got shape {tuple(targets.shape)}")
+    U = targets.shape[1]
+    targets, logit_lens, target_lens = validate_targets(
+        targets, logit_lens, target_lens, shape=(B, T, U + 1, V), dtype=logits.dtype, device=logits.device,
+        blank=blank)
+    if not isinstance(ranges, torch.Tensor) or ranges.shape != (B, T, S) or ranges.dtype.is_floating_point:
+        raise ValueError(f"ranges must be an integer (B, T, S)=({B}, {T}, {S}) tensor, got "
+                         f"{tuple(ranges.shape)} {ranges.dtype}")
+    if S > U + 1 or int(ranges.min()) < 0 or int(ranges.max()) > U:
+        raise ValueError(f"ranges must index rows 0..U={U} with S <= U+1, got S={S}, "
+                         f"values [{int(ranges.min())}, {int(ranges.max())}]")
+    ranges = ranges.long()
+    tgt_ext = extend_targets(targets, target_lens, blank)  # (B, U+1)
+    sym = tgt_ext.gather(1, ranges.view(B, T * S)).view(B, T, S, 1)
+    lse = logits.logsumexp(dim=3)  # (B, T, S)
+    blank_p = logits[..., blank] - lse
+    label_p = logits.gather(3, sym).squeeze(3) - lse
+    full = torch.full((B, T, U + 1), float("-inf"), dtype=logits.dtype, device=logits.device)
+    blank_full = full.scatter(2, ranges, blank_p)
+    label_full = full.scatter(2, ranges, label_p)
+    return reduce_loss(rnnt_lattice_nll(blank_full, label_full, logit_lens, target_lens), reduction)

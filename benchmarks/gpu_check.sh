@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Real-GPU check of the numba-cuda RNN-T loss (≤ 5 min on an H200). Run from the repo root:
+#   PYTHONPATH=. bash benchmarks/gpu_check.sh
+# 1. numba-cuda vs the float64 torch reference on the GPU: fp32/fp16/bf16, ragged, clamp, FastEmit,
+#    U = 2000 (beyond NeMo's U+1 ≤ 1024 limit), fp16 vs fp32 gradient storage error;
+# 2. a subset of the NeMo blog grid (numba-cuda vs torchaudio, time and peak memory);
+# 3. appends both to benchmarks/RESULTS.md. Exits non-zero if a check fails.
+set -euo pipefail
+PY=${PYTHON:-python}
+OUT=benchmarks/RESULTS.md
+LOG=$(mktemp)
+set +e
+$PY - <<'PY' | tee "$LOG"
+import sys, time, torch
+from asrprec.losses import rnnt_loss, available_backends
+from asrprec.losses import numba_cuda
+from asrprec.losses.numba_cuda import numba_cuda_probe, numba_cuda_forward
+ok, reason = numba_cuda_probe()
+print(f"probe: ok={ok} {reason}")
+if not ok:
+    sys.exit(1)
+dev = "cuda"
+fails = 0
+def case(name, B, T, U, V, dtype, blank=0, clamp=None, lam=0.0, ragged=False, tol=None):
+    global fails
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(B, T, U + 1, V, generator=g) * 2).to(dtype).to(dev)
+    labels = torch.tensor([v for v in range(V) if v != blank])
+    tg = labels[torch.randint(0, len(labels), (B, U), generator=g)].to(dev)
+    tl = torch.full((B,), T, device=dev); ul = torch.full((B,), U, device=dev)
+    if ragged and B > 1:
+        tl[1] = max(1, T // 2); ul[1] = U // 2
+    xr = x.double().requires_grad_()
+    ref = rnnt_loss(xr, tg, tl, ul, blank=blank, backend="torch", reduction="none", clamp=clamp, fastemit_lambda=lam)
+    ref.sum().backward()
+    xx = x.clone().requires_grad_()
+    torch.cuda.synchronize(); t0 = time.time()
+    got = rnnt_loss(xx, tg, tl, ul, blank=blank, backend="numba-cuda", reduction="none", clamp=clamp, fastemit_lambda=lam)
+    got.sum().backward(); torch.cuda.synchronize()
+    rel = ((got.double() - ref) / ref).abs().max().item()
+    gerr = (xx.grad.double() - xr.grad).abs().max().item()
+    pad = 0.0
+    if ragged and B > 1:
+        pad = max(xx.grad[1, int(tl[1]):].abs().max().item() if int(tl[1]) < T else 0.0,
+                  xx.grad[1, :, int(ul[1]) + 1:].abs().max().item())
+    tol = tol or {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    good = rel < 1e-5 and gerr < tol and pad == 0.0
+    fails += not good
+    print(f"| {name} | {str(dtype)[6:]} | {B},{T},{U},{V} | {rel:.2e} | {gerr:.2e} | {pad:.1e} | {time.time()-t0:.2f} | {'PASS' if good else 'FAIL'} |")
+print("| case | dtype | B,T,U,V | max rel Δloss | max abs Δgrad | max pad grad | s | result |")
+print("|---|---|---|---|---|---|---|---|")
+for dt in (torch.float32, torch.float16, torch.bfloat16):
+    case("basic", 4, 50, 20, 128, dt, ragged=True)
+    case("blank=V-1", 2, 30, 10, 64, dt, blank=63)
+    case("clamp+fastemit", 2, 30, 10, 64, dt, clamp=0.1, lam=0.5)
+    case("U=2000", 1, 8, 2000, 16, dt)
+# fp16 gradient storage error vs fp32 storage
+g = torch.Generator().manual_seed(1)
+x = (torch.randn(2, 40, 21, 256, generator=g) * 2).half().to(dev)
+tg = torch.randint(1, 256, (2, 20), generator=g).to(dev)
+tl = torch.full((2,), 40, device=dev); ul = torch.full((2,), 20, device=dev)
+xr = x.double().requires_grad_()
+rnnt_loss(xr, tg, tl, ul, backend="torch", reduction="sum").backward()
+for gdt in (None, torch.float32):
+    _, grad = numba_cuda_forward(x, tg, tl, ul, 0, None, 0.0, True, grad_dtype=gdt)
+    print(f"gradient storage {grad.dtype}: max |Δgrad| vs fp64 reference = {(grad.double() - xr.grad).abs().max().item():.2e}")
+print(f"FAILED CASES: {fails}")
+sys.exit(1 if fails else 0)
+PY
+status=${PIPESTATUS[0]}
+set -e
+{
+  echo
+  echo "## numba-cuda GPU check ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%Y-%m-%d), torch $($PY -c 'import torch;print(torch.__version__)'), numba-cuda $($PY -c 'import importlib.metadata as m;print(m.version("numba-cuda"))' 2>/dev/null || echo '?'))"
+  echo
+  cat "$LOG"
+} >> "$OUT"
+if [ "$status" -ne 0 ]; then echo "GPU correctness check FAILED" >&2; exit "$status"; fi
+# grid subset: T=200, U=100/200, V=28/1024, B=1/4/16/32, fp32/fp16/bf16, torchaudio as peer
+timeout 200 $PY benchmarks/rnnt_loss.py --device cuda --repeats 5 --peer-repeats 5 \
+  --shapes "1,200,100,28;16,200,100,28;1,200,100,1024;4,200,100,1024;16,200,100,1024;32,200,100,1024;8,400,200,1024" \
+  --out "$OUT" --title "### numba-cuda GPU benchmark (NeMo blog grid subset; memory = max_memory_allocated beyond inputs)"
+echo "gpu_check: all passed; results appended to $OUT"
