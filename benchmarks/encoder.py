@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import datetime
 import platform
+import random
 import statistics
 import time
 from typing import Dict, List, Tuple
@@ -55,6 +56,7 @@ def _saved_bytes(model, x, lens, policy: str, device: str) -> int:
 
 def bench(size: str, policy: str, batch: int, frames: int, runs: int, device: str) -> Tuple[float, int, int]:
     torch.manual_seed(0)
+    random.seed(0)  # Balancer/Whiten/skip decisions use Python's random
     model = build_zipformer_encoder(size=size).to(device).train()
     model.set_batch_count(20000)
     x = torch.randn(batch, frames, 80, device=device)

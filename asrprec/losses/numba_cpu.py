@@ -2,13 +2,22 @@
 
 Legend: B batch, T frames, U target tokens (U+1 lattice rows), V vocabulary (blank included).
 
-Three parallel passes, each reading the logits without ever materialising log-softmax:
+Three parallel passes; log-softmax is never materialised:
 
-1. per lattice cell (prange over (b, t) rows): log-sum-exp over V, and the blank and label
-   log-probs ``lb, ly`` (B, T, U+1), all float64;
+1. per lattice cell (prange over (b, t) rows): the row max m and s = Σ_v exp(z_v - m) (one fp32
+   exp per logit), the log-denominator, the blank and label log-probs ``lb, ly`` (B, T, U+1, float64).
+   For fp32/fp64 logits with a gradient wanted, exp(z_v - m) is written into the gradient buffer as
+   it is summed, so the softmax is never exponentiated twice;
 2. per utterance (prange over b): α and β in float64, and the log-likelihood ``ll``;
-3. per cell: the gradient w.r.t. the logits (log-softmax fused), written straight into the only
-   B·T·(U+1)·V buffer this backend allocates, in the logits' dtype; padded cells get exact zeros.
+3. per cell: the gradient w.r.t. the logits, in place in that buffer (the only B·T·(U+1)·V one this
+   backend allocates, in the logits' dtype): fp32/fp64 by one multiply per element,
+   g = buf·(c/s) minus the two one-hot terms below; fp16/bf16, whose 16-bit buffer is too coarse to
+   hold exp(z - m), re-read the logits and take a second exp. Padded cells get exact zeros.
+
+Speed (benchmarks/RESULTS.md): the per-element loops vectorise because the fp32 exp is our own
+branch-free polynomial (``exp32``; numba's math.exp on float32 is a scalar libm call when Intel SVML
+is absent), the row max uses LLVM's maxnum (vectorisable without fast-math flags) and the gradient
+buffer is allocated with huge pages where the kernel allows (``_empty_grad``).
 
 Gradient of cost_b = -(1+λ)·ll_b … w.r.t. logit z(t,u,v), per NeMo's FastEmit convention
 (reference/nemo.md §1.4, §1.6): with γ_blank = exp(α(t,u)+lb(t,u)+β(t+1,u)-ll) (at the final
@@ -21,8 +30,8 @@ clips g to [-clamp, clamp]. Backward multiplies the kept buffer in place by grad
 
 fp16 and bf16 logits are read as raw uint16 bits (numba has no float16/bfloat16 on CPU):
 fp16 through a 65536-entry fp32 lookup table, bf16 by a 16-bit shift; the gradient is rounded
-back to the logits' dtype with round-to-nearest-even. All arithmetic is fp32 (exp/softmax rows)
-or float64 (denominators, α, β, posteriors); fp64 logits are handled in fp64 throughout.
+back to the logits' dtype with round-to-nearest-even. All arithmetic is fp32 (exp/softmax rows and
+their sums, vectorised so each lane sums ~V/32 terms) or float64 (log-denominators, α, β, posteriors); fp64 logits are handled in fp64 throughout.
 """
 
 from __future__ import annotations
@@ -32,7 +41,10 @@ import math
 import numba
 import numpy as np
 import torch
+from llvmlite import ir
 from numba import njit, prange
+from numba.core import types
+from numba.extending import intrinsic, overload
 
 _KIND_NATIVE, _KIND_F16, _KIND_BF16 = 0, 1, 2
 _f16_lut = None
@@ -40,6 +52,75 @@ _f16_lut = None
 
 # reassociation lets the row reductions vectorise; no 'nnan'/'ninf' so ±inf logits stay correct
 _FM = {"reassoc", "contract"}
+
+# ---------------------------------------------------------------- fp32 exp that LLVM can vectorise
+# math.exp on float32 lowers to a libm call per element (no SVML here), which kept the row loops
+# scalar. exp32 is branch-free (selects only) so the loop vectoriser packs it: Cody-Waite range
+# reduction x = n·ln2 + r, |r| ≤ ln2/2, then exp(r) by a degree-7 polynomial and 2^n spliced into the
+# exponent bits. Constants are the ones in Cephes' expf.c (S. Moshier), textbook values: ln2 split
+# into an exact 0.693359375 and a correction, and the minimax coefficients of (exp(r)-1-r)/r².
+# Accuracy against float64 exp, 2·10^7 points: ≤ 1.02 ulp on [-87.33, 88.3] (mean 0.27 ulp; numpy's
+# float32 exp: 2.5 ulp), ≤ 5.5 ulp on (88.3, 88.72] where n is capped at 127 (never reached by the
+# loss: its arguments are ≤ log(1+λ)). Results below FLT_MIN (x < -87.336) are flushed to 0,
+# x > 88.722 gives inf, nan stays nan.
+_F = np.float32
+_LOG2E, _LN2_HI, _LN2_LO = _F(1.44269504088896341), _F(0.693359375), _F(-2.12194440e-4)
+_P0, _P1, _P2, _P3, _P4, _P5 = (
+    _F(1.9875691500e-4), _F(1.3981999507e-3), _F(8.3334519073e-3),
+    _F(4.1665795894e-2), _F(1.6666665459e-1), _F(5.0000001201e-1),
+)
+_XLO, _XHI, _ONE, _ZERO, _INF = _F(-87.33654), _F(88.72283), _F(1.0), _F(0.0), _F(np.inf)
+_NOFF = _F(128.5)  # floor(y + 0.5) as an int truncation of y + 128.5 ≥ 0 (y ≥ -126)
+
+
+@intrinsic
+def _times_pow2(typingctx, p, n):
+    """p · 2^n for a float32 p in [0.5, 2) and an integer n with the result normal: n added to the exponent bits."""
+    if p != types.float32 or not isinstance(n, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        k = args[1]
+        k = builder.trunc(k, i32) if n.bitwidth > 32 else builder.sext(k, i32) if n.bitwidth < 32 else k
+        bits = builder.add(builder.bitcast(args[0], i32), builder.shl(k, ir.Constant(i32, 23)))
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(types.float32, n), codegen
+
+
+# 'contract' only (FMA): reassociation would undo the two-part range reduction
+@njit(fastmath={"contract"}, inline="never")
+def exp32(x):
+    xc = x if x > _XLO else _XLO
+    xc = xc if xc < _XHI else _XHI
+    n = np.int32(xc * _LOG2E + _NOFF)  # = floor(xc·log2(e) + 0.5) + 128
+    n = n if n < np.int32(255) else np.int32(255)  # exp(88.72) still finite: n ≤ 127
+    nf = _F(n) - _F(128.0)
+    r = xc - nf * _LN2_HI
+    r = r - nf * _LN2_LO
+    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
+    p = (p * r) * r + r + _ONE
+    y = _times_pow2(p, n - 128)
+    y = _ZERO if x < _XLO else y
+    y = _INF if x > _XHI else y
+    return x if x != x else y
+
+
+@njit(fastmath={"contract"}, inline="never")
+def exp32_nonpos(x):
+    """exp32 for x ≤ 0 or nan (the softmax numerators exp(z - max)): no overflow handling needed."""
+    xc = x if x > _XLO else _XLO
+    n = np.int32(xc * _LOG2E + _NOFF)  # = floor(xc·log2(e) + 0.5) + 128, in [2, 128]
+    nf = _F(n) - _F(128.0)
+    r = xc - nf * _LN2_HI
+    r = r - nf * _LN2_LO
+    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
+    p = (p * r) * r + r + _ONE
+    y = _times_pow2(p, n - 128)
+    y = _ZERO if x < _XLO else y
+    return x if x != x else y
+
 
 @njit(inline="always")
 def f32_to_f16_bits(f, u):  # f: float32 value, u: the same value's uint32 bits
@@ -89,32 +170,125 @@ def load_row(x, b, t, u, kind, lut, row, ubuf, fbuf):
         for v in range(V):
             row[v] = fbuf[v]
 
-@njit(parallel=True, fastmath=_FM, cache=True)
-def denominators(x, kind, lut, proto, targets, tlens, ulens, blank, lse, lb, ly):
+@intrinsic
+def fmaxnum(typingctx, a, b):
+    """LLVM's maxnum (IEEE maxNum: a nan operand yields the other one). Unlike a compare-and-select,
+    the loop vectoriser packs a maxnum reduction without any fast-math flags."""
+    if not (isinstance(a, types.Float) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ft = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [ft], ir.FunctionType(ft, [ft, ft]))
+        return builder.call(fn, args)
+
+    return a(a, b), codegen
+
+
+@njit(inline="never")
+def row_max(xr):
+    # a nan logit is skipped here but still reaches the cost through the exp-sum (exp(nan) = nan)
+    m = xr[0]
+    for v in range(1, xr.shape[0]):
+        m = fmaxnum(m, xr[v])
+    return m
+
+
+def cast_like(a, x):
+    return a.dtype.type(x)
+
+
+@overload(cast_like, inline="always")
+def _cast_like_impl(a, x):
+    if a.dtype == types.float32:
+        return lambda a, x: np.float32(x)
+    return lambda a, x: np.float64(x)
+
+
+def fexp(x):
+    return math.exp(x)
+
+
+@overload(fexp, inline="always")
+def _fexp_impl(x):
+    if x == types.float32:
+        return lambda x: exp32(x)
+    return lambda x: math.exp(x)  # fp64 rows keep libm's exp (the fp64 path is for tests, not speed)
+
+
+def fexp_nonpos(x):
+    return math.exp(x)
+
+
+@overload(fexp_nonpos, inline="always")
+def _fexp_nonpos_impl(x):
+    if x == types.float32:
+        return lambda x: exp32_nonpos(x)
+    return lambda x: math.exp(x)
+
+
+@njit(fastmath=_FM, inline="never")
+def exp_sum(xr, m, er):
+    """er[v] = exp(xr[v] - m) (when er is xr-sized) and returns Σ_v exp(xr[v] - m), in xr's dtype."""
+    s = m - m  # a zero of the row dtype: keeps fp32 arithmetic fp32
+    if er.shape[0] == xr.shape[0]:
+        for v in range(xr.shape[0]):
+            e = fexp_nonpos(xr[v] - m)
+            er[v] = e
+            s += e
+    else:
+        for v in range(xr.shape[0]):
+            s += fexp_nonpos(xr[v] - m)
+    return s
+
+
+@njit(inline="always")
+def cell_stats(xr, er, b, t, u, targets, ulens, blank, lse, sums, lb, ly):
+    m = row_max(xr)
+    if m == -np.inf:  # a row of -inf logits: avoid inf - inf
+        m = _ZERO  # float32 zero; unifies to float64 for fp64 rows
+    s = exp_sum(xr, m, er)
+    den = float(m) + math.log(float(s))
+    lse[b, t, u] = den
+    sums[b, t, u] = s
+    lb[b, t, u] = float(xr[blank]) - den
+    if u < ulens[b]:
+        ly[b, t, u] = float(xr[targets[b, u]]) - den
+
+
+@njit(parallel=True, cache=True)
+def native_denominators(x, targets, tlens, ulens, blank, lse, sums, lb, ly, out, store):
+    """Pass 1 for fp32/fp64 logits. With ``store``, exp(x - max) goes into ``out`` (the gradient buffer)
+    so that pass 3 needs one multiply per element and no second exp."""
     B, T, U1, V = x.shape
     for r in prange(B * T):
         b = r // T
         t = r - b * T
         if t < tlens[b]:
-            row = np.empty_like(proto)
-            zero = np.zeros_like(proto[:1])  # a scalar of the row dtype (keeps fp32 math fp32)
+            none = np.empty(0, x.dtype)  # a C-contiguous stand-in (a slice would type as layout 'A' and stop vectorisation)
+            for u in range(ulens[b] + 1):
+                if store:
+                    cell_stats(x[b, t, u], out[b, t, u], b, t, u, targets, ulens, blank, lse, sums, lb, ly)
+                else:
+                    cell_stats(x[b, t, u], none, b, t, u, targets, ulens, blank, lse, sums, lb, ly)
+
+
+@njit(parallel=True, cache=True)
+def half_denominators(x, kind, lut, targets, tlens, ulens, blank, lse, sums, lb, ly):
+    """Pass 1 for fp16/bf16 (uint16 bits) logits: each row is decoded to fp32 once."""
+    B, T, U1, V = x.shape
+    for r in prange(B * T):
+        b = r // T
+        t = r - b * T
+        if t < tlens[b]:
+            row = np.empty(V, np.float32)
             fbuf = np.empty(V, np.float32)
             ubuf = fbuf.view(np.uint32)
+            none = np.empty(0, np.float32)
             for u in range(ulens[b] + 1):
                 load_row(x, b, t, u, kind, lut, row, ubuf, fbuf)
-                m = row[0]
-                for v in range(1, V):
-                    m = max(m, row[v])
-                if m == -np.inf:  # a row of -inf logits: avoid inf - inf
-                    m = zero[0]
-                s = 0.0
-                for v in range(V):
-                    s += math.exp(row[v] - m)
-                den = float(m) + math.log(s)
-                lse[b, t, u] = den
-                lb[b, t, u] = float(row[blank]) - den
-                if u < ulens[b]:
-                    ly[b, t, u] = float(row[targets[b, u]]) - den
+                cell_stats(row, none, b, t, u, targets, ulens, blank, lse, sums, lb, ly)
+
 
 @njit(inline="always")
 def logaddexp(a, b):
@@ -151,16 +325,75 @@ def alphas_betas(lb, ly, tlens, ulens, alpha, beta, ll, need_beta):
                 for u in range(Ub - 1, -1, -1):
                     beta[b, t, u] = logaddexp(beta[b, t + 1, u] + lb[b, t, u], beta[b, t, u + 1] + ly[b, t, u])
 
-@njit(parallel=True, fastmath=_FM, cache=True)
-def gradient(x, kind, lut, proto, targets, tlens, ulens, blank, lse, lb, ly, alpha, beta, ll, lam, clamp, out):
+@njit(inline="always")
+def posteriors(b, t, u, Tb, Ub, lb, ly, alpha, beta, ll, lam):
+    """(γ_blank, (1+λ)·γ_label) of cell (t, u), float64."""
+    a = alpha[b, t, u]
+    g_blank = 0.0
+    if t + 1 < Tb:
+        g_blank = math.exp(a + lb[b, t, u] + beta[b, t + 1, u] - ll[b])
+    elif u == Ub:
+        g_blank = math.exp(a + lb[b, t, u] - ll[b])
+    g_label = 0.0
+    if u < Ub:
+        g_label = (1.0 + lam) * math.exp(a + ly[b, t, u] + beta[b, t, u + 1] - ll[b])
+    return g_blank, g_label
+
+
+@njit(fastmath=_FM, inline="never")
+def finish_row(g, k, blank, gb, target, gl, clamp):
+    """g <- g·k, minus the two posterior terms, clamped; g holds exp(z - max) (or exp(z - lse + log c)
+    with k = 1) on entry. k, gb, gl are float64 and rounded to g's dtype once."""
+    kk = cast_like(g, k)
+    for v in range(g.shape[0]):
+        g[v] = g[v] * kk
+    g[blank] -= gb
+    if target >= 0:
+        g[target] -= gl
+    if clamp > 0.0:
+        c = cast_like(g, clamp)
+        for v in range(g.shape[0]):
+            g[v] = min(max(g[v], -c), c)
+
+
+@njit(parallel=True, cache=True)
+def native_gradient(targets, tlens, ulens, blank, sums, lb, ly, alpha, beta, ll, lam, clamp, out):
+    """Pass 3 for fp32/fp64: ``out`` holds exp(z - max) from pass 1 in the live cells;
+    g = exp(z - max)·(γ_blank + (1+λ)γ_label)/Σexp(z - max) - the one-hot terms. Padding -> 0."""
+    B, T, U1, V = out.shape
+    for r in prange(B * T):
+        b = r // T
+        t = r - b * T
+        Tb = tlens[b]
+        Ub = ulens[b]
+        for u in range(U1):
+            g = out[b, t, u]
+            if t >= Tb or u > Ub:
+                for v in range(V):
+                    g[v] = 0
+                continue
+            gb, gl = posteriors(b, t, u, Tb, Ub, lb, ly, alpha, beta, ll, lam)
+            finish_row(g, (gb + gl) / sums[b, t, u], blank, gb, targets[b, u] if u < Ub else -1, gl, clamp)
+
+
+@njit(fastmath=_FM, inline="never")
+def exp_shift(row, shift):
+    for v in range(row.shape[0]):
+        row[v] = fexp(row[v] + shift)
+
+
+@njit(parallel=True, cache=True)
+def half_gradient(x, kind, lut, targets, tlens, ulens, blank, lse, lb, ly, alpha, beta, ll, lam, clamp, out):
+    """Pass 3 for fp16/bf16: the output buffer is 16-bit, too coarse to keep exp(z - max) in, so the
+    row is decoded again and softmax·c = exp(z - lse + log c) recomputed (one fp32 exp per element)."""
     B, T, U1, V = x.shape
     for r in prange(B * T):
         b = r // T
         t = r - b * T
         Tb = tlens[b]
         Ub = ulens[b]
-        row = np.empty_like(proto)
-        sh = np.zeros_like(proto[:1])  # the shift as a row-dtype scalar, so fp32 rows stay fp32
+        row = np.empty(V, np.float32)
+        rbits = row.view(np.uint32)
         fbuf = np.empty(V, np.float32)
         ubuf = fbuf.view(np.uint32)
         for u in range(U1):
@@ -169,39 +402,18 @@ def gradient(x, kind, lut, proto, targets, tlens, ulens, blank, lse, lb, ly, alp
                     out[b, t, u, v] = 0
                 continue
             load_row(x, b, t, u, kind, lut, row, ubuf, fbuf)
-            a = alpha[b, t, u]
-            g_blank = 0.0
-            if t + 1 < Tb:
-                g_blank = math.exp(a + lb[b, t, u] + beta[b, t + 1, u] - ll[b])
-            elif u == Ub:
-                g_blank = math.exp(a + lb[b, t, u] - ll[b])
-            g_label = 0.0
-            if u < Ub:
-                g_label = (1.0 + lam) * math.exp(a + ly[b, t, u] + beta[b, t, u + 1] - ll[b])
-            c = g_blank + g_label
-            # softmax(v)·c = exp(z_v - lse + log c), one exp per element
-            sh[0] = (math.log(c) - lse[b, t, u]) if c > 0.0 else -np.inf
-            shift = sh[0]
-            for v in range(V):
-                row[v] = math.exp(row[v] + shift)
-            row[blank] -= g_blank
-            if u < Ub:
-                row[targets[b, u]] -= g_label
-            if clamp > 0.0:
+            gb, gl = posteriors(b, t, u, Tb, Ub, lb, ly, alpha, beta, ll, lam)
+            c = gb + gl
+            shift = _F(math.log(c) - lse[b, t, u]) if c > 0.0 else -_INF
+            exp_shift(row, shift)
+            finish_row(row, 1.0, blank, gb, targets[b, u] if u < Ub else -1, gl, clamp)
+            if kind == 1:
                 for v in range(V):
-                    row[v] = min(max(row[v], -clamp), clamp)
-            if kind == 0:
-                for v in range(V):
-                    out[b, t, u, v] = row[v]
+                    out[b, t, u, v] = f32_to_f16_bits(row[v], rbits[v])
             else:
                 for v in range(V):
-                    fbuf[v] = row[v]
-                if kind == 1:
-                    for v in range(V):
-                        out[b, t, u, v] = f32_to_f16_bits(fbuf[v], ubuf[v])
-                else:
-                    for v in range(V):
-                        out[b, t, u, v] = f32_to_bf16_bits(ubuf[v])
+                    out[b, t, u, v] = f32_to_bf16_bits(rbits[v])
+
 
 @njit(parallel=True, cache=True)
 def to_half_bits(f, out):  # for tests: fp32 array -> fp16 / bf16 bits
@@ -211,9 +423,12 @@ def to_half_bits(f, out):  # for tests: fp32 array -> fp16 / bf16 bits
         out[1, i] = f32_to_bf16_bits(u[i])
 
 _KERNELS = {
-    "denominators": denominators,
+    "native_denominators": native_denominators,
+    "half_denominators": half_denominators,
     "alphas_betas": alphas_betas,
-    "gradient": gradient,
+    "native_gradient": native_gradient,
+    "half_gradient": half_gradient,
+    "exp32": exp32,
     "to_half_bits": to_half_bits,
 }
 
@@ -239,6 +454,23 @@ def _as_numpy(x: torch.Tensor) -> tuple[np.ndarray, int]:
     return x.numpy(), _KIND_NATIVE
 
 
+_NP_BITS = {torch.float16: np.int16, torch.bfloat16: np.int16}
+
+
+def _empty_grad(x: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor like ``x``, allocated by numpy rather than torch.
+
+    The gradient buffer is fresh memory on every call, and first-touch page faults on 4 KiB pages
+    cost about as much as the whole loss at these sizes (~0.45 s for 660 MB here). numpy marks large
+    allocations MADV_HUGEPAGE (numpy >= 1.18 on Linux >= 4.6; see numpy.core.multiarray
+    ._set_madvise_hugepage), so with transparent huge pages in "madvise" or "always" mode the buffer is
+    faulted in 2 MiB pages; elsewhere this is an ordinary allocation.
+    """
+    if x.dtype in _NP_BITS:
+        return torch.from_numpy(np.empty(x.shape, _NP_BITS[x.dtype])).view(x.dtype)
+    return torch.from_numpy(np.empty(x.shape, np.float64 if x.dtype == torch.float64 else np.float32))
+
+
 def _set_threads() -> None:
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
 
@@ -261,22 +493,27 @@ def numba_cpu_forward(
         x = x.contiguous()  # one copy; the kernels index a dense (B, T, U+1, V) array
     B, T, U1, V = x.shape
     xa, kind = _as_numpy(x)
-    proto = np.empty(V, np.float64 if x.dtype == torch.float64 else np.float32)
     tg, tl, ul = targets.numpy(), logit_lens.numpy(), target_lens.numpy()
     f64 = dict(dtype=torch.float64)
-    lse, lb, ly = torch.empty(B, T, U1, **f64), torch.empty(B, T, U1, **f64), torch.empty(B, T, U1, **f64)
+    # per-cell float64 workspaces, 7·8 bytes a cell (≤ 3% of the logits for V ≥ 500 fp32 / 1000 fp16)
+    lse, sums, lb, ly = (torch.empty(B, T, U1, **f64) for _ in range(4))
     alpha, beta, ll = torch.empty(B, T, U1, **f64), torch.empty(B, T, U1, **f64), torch.empty(B, **f64)
-    k["denominators"](xa, kind, _lut(), proto, tg, tl, ul, blank, lse.numpy(), lb.numpy(), ly.numpy())
+    wa = [a.numpy() for a in (lse, sums, lb, ly)]
+    grad = _empty_grad(x) if need_grad else None  # every element is written (zeros in padding)
+    ga = _as_numpy(grad)[0] if need_grad else np.empty((1, 1, 1, 0), xa.dtype)
+    if kind == _KIND_NATIVE:
+        k["native_denominators"](xa, tg, tl, ul, blank, *wa, ga, need_grad)
+    else:
+        k["half_denominators"](xa, kind, _lut(), tg, tl, ul, blank, *wa)
     k["alphas_betas"](lb.numpy(), ly.numpy(), tl, ul, alpha.numpy(), beta.numpy(), ll.numpy(), need_grad)
-    grad = None
     if need_grad:
-        grad = torch.empty_like(x)  # every element is written by the kernel (zeros in padding)
-        ga, _ = _as_numpy(grad)
         c = -1.0 if clamp is None else float(clamp)
-        k["gradient"](
-            xa, kind, _lut(), proto, tg, tl, ul, blank, lse.numpy(), lb.numpy(), ly.numpy(),
-            alpha.numpy(), beta.numpy(), ll.numpy(), float(fastemit_lambda), c, ga,
-        )
+        lam = float(fastemit_lambda)
+        ab = (alpha.numpy(), beta.numpy(), ll.numpy(), lam, c, ga)
+        if kind == _KIND_NATIVE:
+            k["native_gradient"](tg, tl, ul, blank, wa[1], wa[2], wa[3], *ab)
+        else:
+            k["half_gradient"](xa, kind, _lut(), tg, tl, ul, blank, wa[0], wa[2], wa[3], *ab)
     return -(1.0 + fastemit_lambda) * ll, grad
 
 

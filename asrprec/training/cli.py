@@ -42,7 +42,7 @@ def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "conformer", si
 
 
 def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
-    d = TrainConfig(exp_dir="exp", **defaults)
+    d = TrainConfig(**{"exp_dir": "exp", **defaults})
     p.add_argument("--exp-dir", default=d.exp_dir)
     p.add_argument("--num-epochs", type=int, default=d.num_epochs)
     p.add_argument("--start-epoch", type=int, default=d.start_epoch, help="resume from epoch-(N-1).pt")

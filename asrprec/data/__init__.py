@@ -1,0 +1,45 @@
+"""Data: the synthetic espeak-ng corpus, fbank features, validation and the lhotse datamodule.
+
+Names are imported on first use, so ``import asrprec.data`` needs neither lhotse nor espeak-ng, and
+the corpus generator's spawn workers start without importing torch or lhotse.
+
+* :func:`generate_corpus`, :func:`load_corpus` — :mod:`asrprec.data.synthetic`
+* :func:`compute_fbank`, :func:`compute_corpus_fbank`, :class:`OnTheFlyFbank`, :func:`load_fbank_cuts` — :mod:`asrprec.data.features`
+* :func:`validate_cuts`, :func:`filter_by_duration` — :mod:`asrprec.data.validate`
+* :class:`DataConfig`, :class:`SpecAugmentConfig`, :class:`AsrDataModule` — :mod:`asrprec.data.datamodule`
+* :func:`resample_poly` — :mod:`asrprec.data.resample`
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "generate_corpus": "synthetic",
+    "load_corpus": "synthetic",
+    "CorpusConfig": "synthetic",
+    "compute_fbank": "features",
+    "compute_corpus_fbank": "features",
+    "OnTheFlyFbank": "features",
+    "load_fbank_cuts": "features",
+    "fbank_extractor": "features",
+    "validate_cuts": "validate",
+    "filter_by_duration": "validate",
+    "DataConfig": "datamodule",
+    "SpecAugmentConfig": "datamodule",
+    "AsrDataModule": "datamodule",
+    "resample_poly": "resample",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"asrprec.data.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'asrprec.data' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,75 @@
+"""Waveform augmentation for the synthetic corpus: additive noise at an SNR and simple reverberation.
+
+Plain numpy on 1-D float signals, every random choice drawn from a caller-supplied
+``numpy.random.Generator`` so a corpus stays deterministic for its seed. Feature-level
+augmentation (SpecAugment) lives in :mod:`asrprec.data.datamodule` and uses lhotse's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _power(x: np.ndarray) -> float:
+    return float(np.mean(np.square(x, dtype=np.float64)))
+
+
+def make_noise(num_samples: int, rng: np.random.Generator, *, color: str = "white") -> np.ndarray:
+    """Gaussian noise of unit power: ``color`` "white" (flat) or "pink" (power ∝ 1/f, shaped in the FFT domain)."""
+    white = rng.standard_normal(num_samples)
+    if color == "white":
+        return white
+    if color != "pink":
+        raise ValueError(f"noise color must be 'white' or 'pink', got {color!r}")
+    spec = np.fft.rfft(white)
+    f = np.arange(len(spec), dtype=np.float64)
+    f[0] = 1.0
+    pink = np.fft.irfft(spec / np.sqrt(f), n=num_samples)
+    return pink / np.sqrt(max(_power(pink), 1e-20))
+
+
+def add_noise(x: np.ndarray, snr_db: float, rng: np.random.Generator, *, color: str = "white") -> np.ndarray:
+    """Return ``x + n`` with ``10 log10(P(x) / P(n)) == snr_db`` (powers are means over the whole signal).
+
+    ``x``: (N,) float. Returns (N,) float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    px = _power(x)
+    if px == 0.0:
+        return x.copy()
+    noise = make_noise(len(x), rng, color=color)
+    noise *= np.sqrt(px / (_power(noise) * 10.0 ** (snr_db / 10.0)))
+    return x + noise
+
+
+def synthetic_rir(rt60_s: float, sample_rate: int, rng: np.random.Generator, *, direct_to_reverb_db: float = 0.0) -> np.ndarray:
+    """An exponentially decaying Gaussian-noise room impulse response with a direct-path spike.
+
+    The tail's amplitude falls by 60 dB over ``rt60_s`` seconds (envelope ``exp(-6.9 t / rt60)``) and is
+    ``rt60_s`` long; its energy relative to the direct path is set by ``direct_to_reverb_db``.
+    Returns (L,) float64 with ``L = max(1, round(rt60_s * sample_rate))`` and ``rir[0] == 1``.
+    """
+    if rt60_s <= 0:
+        raise ValueError(f"rt60_s must be > 0, got {rt60_s}")
+    n = max(1, int(round(rt60_s * sample_rate)))
+    t = np.arange(n) / sample_rate
+    tail = rng.standard_normal(n) * np.exp(-6.9 * t / rt60_s)
+    tail[0] = 0.0
+    energy = float(np.sum(tail**2))
+    if energy > 0:
+        tail *= np.sqrt(10.0 ** (-direct_to_reverb_db / 10.0) / energy)
+    tail[0] = 1.0
+    return tail
+
+
+def reverberate(x: np.ndarray, rir: np.ndarray) -> np.ndarray:
+    """Convolve ``x`` with ``rir`` (FFT), keep the first ``len(x)`` samples and restore the dry signal's power.
+
+    ``x``: (N,) float, ``rir``: (L,) float. Returns (N,) float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    n = len(x) + len(rir) - 1
+    nfft = 1 << (n - 1).bit_length()
+    y = np.fft.irfft(np.fft.rfft(x, nfft) * np.fft.rfft(rir, nfft), nfft)[: len(x)]
+    py = _power(y)
+    return y * np.sqrt(_power(x) / py) if py > 0 else y

@@ -1,0 +1,418 @@
+"""A synthetic English speech corpus spoken by espeak-ng, written as lhotse manifests.
+
+The task: spoken digit strings ("THREE ONE FOUR") and short sentences from a fixed grammar
+("THE SMALL DOG FINDS A GREEN BOX NOW"); 48 words, 0.6–3.5 s per utterance (median 1.7 s). Learnable by a tiny
+transducer in minutes on a CPU, yet not trivial: speakers (voices) of dev and test are never heard
+in training, and voices differ by accent, variant, pitch, range and rate.
+
+* Speakers: one per espeak voice ``<accent>+<variant>`` (8 English accents × 31 variants), each
+  with its own base pitch, pitch range and speaking rate; split disjointly into train/dev/test.
+* Audio: espeak's 22,050 Hz resampled to 16 kHz (:mod:`asrprec.data.resample`), levelled to a
+  random loudness, optionally reverberated (synthetic exponential RIR) and noised at an SNR
+  (:mod:`asrprec.data.augment`); written as 16-bit FLAC.
+* Determinism: every random choice is drawn in the parent from ``seed``; espeak's noise generator
+  is seeded before each utterance; and because espeak's output also depends on what its process
+  spoke before, utterances are synthesised in fixed shards of ``shard_size``, each in a fresh
+  Python process (``python -m asrprec.data.synthetic`` reading its shard as JSON on stdin; up to
+  ``num_workers`` at a time). The corpus is therefore bit-exact for a seed whatever ``num_workers``
+  is. A plain subprocess rather than a multiprocessing spawn pool, because spawn re-imports the
+  caller's ``__main__`` (e.g. a recipe script importing torch) in every shard's process.
+* Idempotent: :func:`generate_corpus` returns the stored manifests when ``corpus.json`` in the
+  output folder records the same configuration, and regenerates otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asrprec._optional import require
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+SPLITS = ("train", "dev", "test")
+CORPUS_VERSION = 1  # bump when the generator changes what a given config produces
+
+DIGITS = ("ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE")
+# The sentence grammar avoids homophones of the digit words (to/too/for/won/ate) and of each other.
+DETERMINERS = ("THE", "A")  # "A" becomes "AN" before a vowel
+ADJECTIVES = ("BIG", "SMALL", "RED", "GREEN", "BLUE", "BLACK", "WHITE", "OLD", "NEW", "HAPPY")
+NOUNS = ("CAT", "DOG", "BIRD", "FISH", "BOX", "CAR", "BALL", "HOUSE", "TREE", "BOOK", "CUP", "HAT")
+VERBS = ("SEES", "FINDS", "LIKES", "WANTS", "TAKES", "HOLDS", "PUSHES", "MOVES")
+ADVERBS = ("NOW", "TODAY", "QUICKLY", "SLOWLY", "AGAIN")
+WORDS = DIGITS + DETERMINERS + ("AN",) + ADJECTIVES + NOUNS + VERBS + ADVERBS
+
+ACCENTS = ("en-us", "en", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-029", "en-us-nyc")
+VARIANTS = (
+    tuple(f"m{i}" for i in range(1, 9))
+    + tuple(f"f{i}" for i in range(1, 6))
+    + ("klatt", "klatt2", "klatt3", "klatt4", "klatt5", "klatt6")
+    + ("adam", "benjamin", "david", "ed", "john", "linda", "paul", "robert", "steph", "travis", "michael", "belinda")
+)
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """Everything that determines the corpus' content (``num_workers`` does not)."""
+
+    num_train: int = 2500
+    num_dev: int = 200
+    num_test: int = 200
+    seed: int = 0
+    num_dev_speakers: int = 20
+    num_test_speakers: int = 20
+    digit_prob: float = 0.5  # share of digit strings; the rest are sentences
+    min_digits: int = 3
+    max_digits: int = 7
+    rate_wpm: tuple[int, int] = (140, 210)  # speaker base speaking rate range
+    snr_db: tuple[float, float] | None = None  # additive noise SNR range, None = clean
+    noise_prob: float = 1.0  # with snr_db set: share of utterances that get noise
+    reverb_prob: float = 0.0
+    rt60_s: tuple[float, float] = (0.15, 0.6)
+    shard_size: int = 100
+    version: int = CORPUS_VERSION
+
+    def __post_init__(self) -> None:
+        for name in ("num_train", "num_dev", "num_test"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
+        n_voices = len(ACCENTS) * len(VARIANTS)
+        if self.num_dev_speakers < 1 or self.num_test_speakers < 1 or self.num_dev_speakers + self.num_test_speakers >= n_voices:
+            raise ValueError(
+                f"num_dev_speakers + num_test_speakers must be between 2 and {n_voices - 1} (there are {n_voices} voices), "
+                f"got {self.num_dev_speakers} + {self.num_test_speakers}"
+            )
+        if self.snr_db is not None and (len(self.snr_db) != 2 or self.snr_db[0] > self.snr_db[1]):
+            raise ValueError(f"snr_db must be None or a (low, high) pair with low <= high, got {self.snr_db}")
+        for name in ("digit_prob", "noise_prob", "reverb_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if not 1 <= self.min_digits <= self.max_digits:
+            raise ValueError(f"need 1 <= min_digits <= max_digits, got {self.min_digits}, {self.max_digits}")
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Plan: every random decision, made in the parent from the seed
+
+
+def random_text(rng: np.random.Generator, cfg: CorpusConfig) -> str:
+    """One transcript (upper-case words from :data:`WORDS`)."""
+    if rng.random() < cfg.digit_prob:
+        n = int(rng.integers(cfg.min_digits, cfg.max_digits + 1))
+        return " ".join(DIGITS[i] for i in rng.integers(0, 10, n))
+
+    def noun_phrase() -> list[str]:
+        det = DETERMINERS[rng.integers(len(DETERMINERS))]
+        words = [ADJECTIVES[rng.integers(len(ADJECTIVES))]] if rng.random() < 0.6 else []
+        words.append(NOUNS[rng.integers(len(NOUNS))])
+        if det == "A" and words[0][0] in "AEIOU":
+            det = "AN"
+        return [det] + words
+
+    words = noun_phrase() + [VERBS[rng.integers(len(VERBS))]] + noun_phrase()
+    if rng.random() < 0.3:
+        words.append(ADVERBS[rng.integers(len(ADVERBS))])
+    return " ".join(words)
+
+
+def speaker_split(seed: int, num_dev: int, num_test: int) -> dict[str, list[str]]:
+    """Disjoint voice names (``"<accent>+<variant>"``) per split, a seeded permutation of all voices."""
+    voices = [f"{a}+{v}" for a in ACCENTS for v in VARIANTS]
+    order = np.random.default_rng([seed, 1]).permutation(len(voices))
+    voices = [voices[i] for i in order]
+    return {"dev": voices[:num_dev], "test": voices[num_dev : num_dev + num_test], "train": voices[num_dev + num_test :]}
+
+
+def _speaker_id(voice: str) -> str:
+    return voice.replace("+", "_")
+
+
+def plan_corpus(cfg: CorpusConfig) -> list[dict[str, Any]]:
+    """The specification of every utterance (text, voice, prosody, augmentation, seeds), in corpus order."""
+    speakers = speaker_split(cfg.seed, cfg.num_dev_speakers, cfg.num_test_speakers)
+    plan: list[dict[str, Any]] = []
+    for split_idx, split in enumerate(SPLITS):
+        rng = np.random.default_rng([cfg.seed, 2, split_idx])
+        voices = speakers[split]
+        # each speaker's own voice settings
+        prosody = {
+            v: (int(rng.integers(25, 76)), int(rng.integers(25, 81)), int(rng.integers(cfg.rate_wpm[0], cfg.rate_wpm[1] + 1)))
+            for v in voices
+        }
+        num = {"train": cfg.num_train, "dev": cfg.num_dev, "test": cfg.num_test}[split]
+        for i in range(num):
+            voice = voices[int(rng.integers(len(voices)))]
+            pitch, prange, rate = prosody[voice]
+            spec = {
+                "id": f"{split}-{_speaker_id(voice)}-{i:06d}",
+                "split": split,
+                "speaker": _speaker_id(voice),
+                "voice": voice,
+                "text": random_text(rng, cfg),
+                "rate": int(round(rate * rng.uniform(0.9, 1.1))),
+                "pitch": int(np.clip(pitch + rng.integers(-5, 6), 0, 100)),
+                "range": prange,
+                "word_gap": int(rng.integers(1, 4)) if rng.random() < 0.3 else 0,
+                "level_db": float(rng.uniform(-28.0, -18.0)),  # RMS level in dBFS
+                "espeak_seed": int(rng.integers(1, 2**31 - 1)),
+                "aug_seed": int(rng.integers(0, 2**63 - 1)),
+                "snr_db": None,
+                "noise_color": None,
+                "rt60_s": None,
+                "drr_db": None,
+            }
+            if cfg.snr_db is not None and rng.random() < cfg.noise_prob:
+                spec["snr_db"] = float(rng.uniform(*cfg.snr_db))
+                spec["noise_color"] = "white" if rng.random() < 0.5 else "pink"
+            if rng.random() < cfg.reverb_prob:
+                spec["rt60_s"] = float(rng.uniform(*cfg.rt60_s))
+                spec["drr_db"] = float(rng.uniform(0.0, 8.0))
+            plan.append(spec)
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------
+# Synthesis (runs in fresh worker processes: imports only numpy, soundfile and the ctypes binding)
+
+
+def render_utterance(spec: dict[str, Any]) -> np.ndarray:
+    """Synthesise one planned utterance: (N,) float64 at 16 kHz in [-1, 1]."""
+    from asrprec.data.augment import add_noise, reverberate, synthetic_rir
+    from asrprec.data.espeak import ESPEAK_SAMPLE_RATE, Espeak
+    from asrprec.data.resample import resample_poly
+
+    utt = Espeak.get().synthesize(
+        spec["text"].lower(),  # espeak reads a lone capital "A" as the letter name
+        voice=spec["voice"],
+        rate=spec["rate"],
+        pitch=spec["pitch"],
+        pitch_range=spec["range"],
+        word_gap=spec["word_gap"],
+        seed=spec["espeak_seed"],
+    )
+    if len(utt.samples) == 0:
+        raise RuntimeError(f"espeak produced no audio for {spec['id']} ({spec['text']!r}, voice {spec['voice']})")
+    y = resample_poly(utt.samples.astype(np.float64) / 32768.0, ESPEAK_SAMPLE_RATE, SAMPLE_RATE)
+    rng = np.random.default_rng(spec["aug_seed"])
+    if spec["rt60_s"] is not None:
+        y = reverberate(y, synthetic_rir(spec["rt60_s"], SAMPLE_RATE, rng, direct_to_reverb_db=spec["drr_db"]))
+    rms = float(np.sqrt(np.mean(y**2)))
+    if rms > 0:
+        y *= 10.0 ** (spec["level_db"] / 20.0) / rms
+    if spec["snr_db"] is not None:
+        y = add_noise(y, spec["snr_db"], rng, color=spec["noise_color"])
+    peak = float(np.max(np.abs(y)))
+    if peak > 0.99:
+        y *= 0.99 / peak
+    return y
+
+
+def _synth_shard(audio_dir: str, specs: list[dict[str, Any]]) -> tuple[list[tuple[str, int]], float]:
+    import soundfile as sf
+
+    cpu_start = time.process_time()
+    out = []
+    for spec in specs:
+        y = render_utterance(spec)
+        path = Path(audio_dir) / spec["split"] / f"{spec['id']}.flac"
+        sf.write(str(path), y.astype(np.float32), SAMPLE_RATE, subtype="PCM_16", format="FLAC")
+        out.append((spec["id"], len(y)))
+    return out, time.process_time() - cpu_start
+
+
+def _run_shard_process(audio_dir: Path, shard: list[dict[str, Any]]) -> tuple[list[tuple[str, int]], float]:
+    """Synthesise one shard in a fresh interpreter (see the module doc for why)."""
+    import asrprec
+
+    root = str(Path(asrprec.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    job = json.dumps({"audio_dir": str(audio_dir), "specs": shard})
+    proc = subprocess.run(
+        [sys.executable, "-m", "asrprec.data.synthetic"], input=job, capture_output=True, text=True, env=env
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"synthesis of shard starting at {shard[0]['id']} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [tuple(r) for r in out["num_samples"]], float(out["cpu_s"])
+
+
+def _synthesize_all(plan: list[dict[str, Any]], audio_dir: Path, shard_size: int, num_workers: int) -> dict[str, int]:
+    for split in SPLITS:
+        (audio_dir / split).mkdir(parents=True, exist_ok=True)
+    shards = [plan[i : i + shard_size] for i in range(0, len(plan), shard_size)]
+    num_samples: dict[str, int] = {}
+    cpu_s = 0.0
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, min(num_workers, len(shards)))) as pool:
+        futures = [pool.submit(_run_shard_process, audio_dir, shard) for shard in shards]
+        for k, fut in enumerate(futures, 1):
+            try:
+                res, shard_cpu_s = fut.result()
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)  # don't start the remaining shards
+                raise
+            num_samples.update(res)
+            cpu_s += shard_cpu_s
+            if k % 10 == 0 or k == len(shards):
+                log.info("synthesised %d/%d shards (%.1f s)", k, len(shards), time.perf_counter() - start)
+    log.info(
+        "synthesis: %d utterances, %.1f s wall, %.1f CPU-s in workers (%.1f ms per utterance)",
+        len(plan), time.perf_counter() - start, cpu_s, 1000 * cpu_s / max(1, len(plan)),
+    )
+    return num_samples
+
+
+# ----------------------------------------------------------------------------------------------
+# Manifests
+
+
+def manifest_paths(out_dir: Path | str, split: str) -> dict[str, Path]:
+    out_dir = Path(out_dir)
+    return {kind: out_dir / f"espeak_{kind}_{split}.jsonl.gz" for kind in ("recordings", "supervisions", "cuts")}
+
+
+def _write_manifests(plan: list[dict[str, Any]], num_samples: dict[str, int], out_dir: Path, audio_dir: Path) -> dict:
+    lhotse = require("lhotse")
+    from lhotse.audio import AudioSource
+
+    result = {}
+    for split in SPLITS:
+        recs, sups = [], []
+        for spec in (s for s in plan if s["split"] == split):
+            n = num_samples[spec["id"]]
+            path = (audio_dir / split / f"{spec['id']}.flac").resolve()
+            recs.append(
+                lhotse.Recording(
+                    id=spec["id"],
+                    sources=[AudioSource(type="file", channels=[0], source=str(path))],
+                    sampling_rate=SAMPLE_RATE,
+                    num_samples=n,
+                    duration=n / SAMPLE_RATE,
+                )
+            )
+            custom = {k: spec[k] for k in ("voice", "rate", "pitch", "range", "word_gap", "snr_db", "rt60_s")}
+            sups.append(
+                lhotse.SupervisionSegment(
+                    id=spec["id"],
+                    recording_id=spec["id"],
+                    start=0.0,
+                    duration=n / SAMPLE_RATE,
+                    channel=0,
+                    text=spec["text"],
+                    language="English",
+                    speaker=spec["speaker"],
+                    custom=custom,
+                )
+            )
+        recordings = lhotse.RecordingSet.from_recordings(recs)
+        supervisions = lhotse.SupervisionSet.from_segments(sups)
+        cuts = lhotse.CutSet.from_manifests(recordings=recordings, supervisions=supervisions)
+        cuts = cuts.modify_ids(lambda cut_id: cut_id.rsplit("-", 1)[0])  # lhotse appends "-0": keep the utterance id
+        paths = manifest_paths(out_dir, split)
+        recordings.to_file(paths["recordings"])
+        supervisions.to_file(paths["supervisions"])
+        cuts.to_file(paths["cuts"])
+        result[split] = cuts
+    return result
+
+
+def load_corpus(out_dir: Path | str) -> dict:
+    """The stored CutSets of a generated corpus, ``{"train": CutSet, "dev": ..., "test": ...}``."""
+    lhotse = require("lhotse")
+    out = {}
+    for split in SPLITS:
+        path = manifest_paths(out_dir, split)["cuts"]
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing; generate the corpus first with asrprec.data.generate_corpus({str(out_dir)!r})")
+        out[split] = lhotse.CutSet.from_file(path).to_eager()
+    return out
+
+
+def generate_corpus(
+    out_dir: Path | str,
+    *,
+    num_train: int = 2500,
+    num_dev: int = 200,
+    num_test: int = 200,
+    seed: int = 0,
+    num_workers: int = 2,
+    snr_db: tuple[float, float] | None = None,
+    reverb_prob: float = 0.0,
+    force: bool = False,
+    **options: Any,
+) -> dict:
+    """Synthesise the corpus into ``out_dir`` and return ``{"train": CutSet, "dev": CutSet, "test": CutSet}``.
+
+    Writes ``audio/<split>/<id>.flac`` (16 kHz, 16-bit), ``espeak_{recordings,supervisions,cuts}_<split>.jsonl.gz``
+    and ``corpus.json`` (the configuration, written last). If ``corpus.json`` already records the same
+    configuration the stored manifests are returned without synthesising anything (unless ``force``).
+    Further ``options`` are :class:`CorpusConfig` fields (e.g. ``noise_prob``, ``shard_size``).
+    Needs the optional ``espeakng-loader`` package (``pip install 'asrprec[synth]'``).
+    """
+    unknown = set(options) - {f.name for f in dataclasses.fields(CorpusConfig)}
+    if unknown:
+        raise TypeError(f"generate_corpus got unknown options {sorted(unknown)}; valid: {[f.name for f in dataclasses.fields(CorpusConfig)]}")
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1 (synthesis always runs in fresh worker processes), got {num_workers}")
+    if snr_db is not None:
+        snr_db = (float(snr_db[0]), float(snr_db[1]))
+    cfg = CorpusConfig(
+        num_train=num_train, num_dev=num_dev, num_test=num_test, seed=seed, snr_db=snr_db, reverb_prob=reverb_prob, **options
+    )
+    out_dir = Path(out_dir)
+    marker = out_dir / "corpus.json"
+    if not force and marker.is_file():
+        try:
+            stored = json.loads(marker.read_text())
+        except json.JSONDecodeError:
+            stored = None
+        if stored == cfg.to_json() and all(manifest_paths(out_dir, s)["cuts"].is_file() for s in SPLITS):
+            log.info("corpus in %s is up to date (%s); not regenerating", out_dir, marker)
+            return load_corpus(out_dir)
+        log.info("corpus in %s was made with a different configuration; regenerating", out_dir)
+    require("espeakng_loader")  # fail early, in the parent, with the install hint
+    audio_dir = out_dir / "audio"
+    if marker.is_file() and audio_dir.is_dir():
+        shutil.rmtree(audio_dir)  # our own stale audio; `corpus.json` marks the folder as ours
+        marker.unlink()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    start = time.perf_counter()
+    plan = plan_corpus(cfg)
+    num_samples = _synthesize_all(plan, audio_dir, cfg.shard_size, num_workers)
+    cuts = _write_manifests(plan, num_samples, out_dir, audio_dir)
+    marker.write_text(json.dumps(cfg.to_json(), indent=1, sort_keys=True))
+    hours = sum(num_samples.values()) / SAMPLE_RATE / 3600
+    log.info(
+        "generated %d utterances (%.2f h of audio) in %s in %.1f s with %d workers",
+        len(plan), hours, out_dir, time.perf_counter() - start, num_workers,
+    )
+    return cuts
+
+
+if __name__ == "__main__":  # a shard worker: JSON job on stdin, JSON result on the last line of stdout
+    _job = json.loads(sys.stdin.read())
+    _res, _cpu = _synth_shard(_job["audio_dir"], _job["specs"])
+    print(json.dumps({"num_samples": _res, "cpu_s": _cpu}))

@@ -1,0 +1,189 @@
+"""Zipformer2 encoder: six stacks at 50/25/12.5/6.25/12.5/25 Hz, output assembly and 2x output downsampling.
+
+Structure follows k2-fsa/icefall ``egs/librispeech/ASR/zipformer/zipformer.py`` (Zipformer2) and
+``zipformer/model.py`` (forward_encoder); the code is ours.
+
+Scheduled behaviour (layer skipping, feature masking rates, dropout, balancer probabilities) follows a batch
+count that the training loop writes with ``encoder.set_batch_count(n)``. icefall feeds the *adjusted* count
+``batch_idx * max_duration * world_size / 600`` (train.py ``get_adjusted_batch_count``) every 10 batches; until
+it is set, all schedules return their defaults (layer skipping off).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from .frontend import Conv2dSubsampling
+from .layers import DownsampledZipformer2Encoder, SimpleDownsample, Zipformer2Encoder, Zipformer2EncoderLayer
+from .scaling import ScheduledFloat, convert_num_channels, set_batch_count
+
+
+def make_pad_mask(lens: Tensor, max_len: int) -> Tensor:
+    """(B,) lengths -> (B, max_len) bool, True at padded positions."""
+    return torch.arange(max_len, device=lens.device).unsqueeze(0) >= lens.unsqueeze(1)
+
+
+class Zipformer2(nn.Module):
+    """The stacks, without the front-end. forward(x (T,B,D0), x_lens (B,), key_padding_mask (B,T)) ->
+    ((ceil(T/2), B, max(encoder_dim)), (x_lens+1)//2). Time-major internally, as in icefall."""
+
+    def __init__(self, *, downsampling_factor: Sequence[int], encoder_dim: Sequence[int],
+                 num_encoder_layers: Sequence[int], encoder_unmasked_dim: Sequence[int],
+                 query_head_dim: Sequence[int], pos_head_dim: Sequence[int], value_head_dim: Sequence[int],
+                 num_heads: Sequence[int], feedforward_dim: Sequence[int], cnn_module_kernel: Sequence[int],
+                 pos_dim: int, output_downsampling_factor: int = 2, warmup_batches: float = 4000.0,
+                 causal: bool = False, chunk_size: Sequence[int] = (-1,),
+                 left_context_frames: Sequence[int] = (-1,)):
+        super().__init__()
+        if output_downsampling_factor != 2:
+            raise ValueError("output_downsampling_factor must be 2 (lengths are (L+1)//2)")
+        self.downsampling_factor = tuple(downsampling_factor)
+        self.encoder_dim = tuple(encoder_dim)
+        self.encoder_unmasked_dim = tuple(encoder_unmasked_dim)
+        self.cnn_module_kernel = tuple(cnn_module_kernel)
+        self.causal = causal
+        self.chunk_size = tuple(chunk_size)
+        self.left_context_frames = tuple(left_context_frames)
+        dropout = ScheduledFloat((0.0, 0.3), (20000.0, 0.1))
+        n = len(downsampling_factor)
+        encoders: List[nn.Module] = []
+        for i in range(n):
+            layer = Zipformer2EncoderLayer(
+                embed_dim=encoder_dim[i], pos_dim=pos_dim, num_heads=num_heads[i],
+                query_head_dim=query_head_dim[i], pos_head_dim=pos_head_dim[i], value_head_dim=value_head_dim[i],
+                feedforward_dim=feedforward_dim[i], dropout=dropout, cnn_module_kernel=cnn_module_kernel[i],
+                causal=causal)
+            enc: nn.Module = Zipformer2Encoder(
+                layer, num_encoder_layers[i], pos_dim=pos_dim,
+                warmup_begin=warmup_batches * (i + 1) / (n + 1), warmup_end=warmup_batches * (i + 2) / (n + 1),
+                final_layerdrop_rate=0.035 * (downsampling_factor[i] ** 0.5))
+            if downsampling_factor[i] != 1:
+                enc = DownsampledZipformer2Encoder(enc, dim=encoder_dim[i], downsample=downsampling_factor[i])
+            encoders.append(enc)
+        self.encoders = nn.ModuleList(encoders)
+        self.downsample_output = SimpleDownsample(output_downsampling_factor)
+
+    def get_feature_masks(self, x: Tensor) -> List[Union[float, Tensor]]:
+        """Training only: per sequence, with p=0.125 (and a nested second draw) zero the channels above
+        ``encoder_unmasked_dim`` (in two halves) of every stack. Returns one (1,B,D_i) mask per stack."""
+        n = len(self.encoder_dim)
+        if not self.training:
+            return [1.0] * n
+        b = x.shape[1]
+        p = 0.125
+        mask1 = (torch.rand(1, b, 1, device=x.device) > p).to(x.dtype)
+        mask2 = mask1 * (torch.rand(1, b, 1, device=x.device) > p).to(x.dtype)
+        masks: List[Union[float, Tensor]] = []
+        for d, u1 in zip(self.encoder_dim, self.encoder_unmasked_dim):
+            m = torch.ones(1, b, d, dtype=x.dtype, device=x.device)
+            u2 = u1 + (d - u1) // 2
+            m[:, :, u1:u2] *= mask1
+            m[:, :, u2:] *= mask2
+            masks.append(m)
+        return masks
+
+    def get_chunk_info(self, chunk_size: Optional[int] = None,
+                       left_context_frames: Optional[int] = None) -> Tuple[int, int]:
+        """(chunk_size, left_context_chunks) at 50 Hz; random choices from the configured lists unless given."""
+        if not self.causal:
+            if chunk_size not in (None, -1):
+                raise ValueError("chunk_size needs an encoder built with causal=True")
+            return -1, -1
+        cs = random.choice(self.chunk_size) if chunk_size is None else int(chunk_size)
+        if cs == -1:
+            return -1, -1
+        if cs <= 0:
+            raise ValueError(f"chunk_size must be positive or -1, got {cs}")
+        lc = random.choice(self.left_context_frames) if left_context_frames is None else int(left_context_frames)
+        lcc = lc // cs if lc >= 0 else -1
+        if lc >= 0 and lcc == 0:
+            lcc = 1
+        return cs, lcc
+
+    def _get_attn_mask(self, t: int, chunk_size: int, left_context_chunks: int,
+                       device: torch.device) -> Optional[Tensor]:
+        if chunk_size <= 0:
+            return None
+        bad = [d for d in self.downsampling_factor if chunk_size % d != 0]
+        if bad:
+            raise ValueError(f"chunk_size {chunk_size} must be a multiple of every downsampling factor "
+                             f"{self.downsampling_factor}")
+        if left_context_chunks >= 0:
+            for k, d in zip(self.cnn_module_kernel, self.downsampling_factor):
+                if chunk_size * left_context_chunks < (k // 2) * d:
+                    raise ValueError(f"left context {chunk_size * left_context_chunks} frames is shorter than the "
+                                     f"convolution's left reach {(k // 2) * d}; raise left_context_frames")
+        else:
+            left_context_chunks = 1_000_000
+        c = torch.arange(t, device=device) // chunk_size
+        return torch.logical_or(c.unsqueeze(0) > c.unsqueeze(1), c.unsqueeze(0) < c.unsqueeze(1) - left_context_chunks)
+
+    def _get_full_dim_output(self, outputs: List[Tensor]) -> Tensor:
+        pieces = [outputs[-1]]
+        cur = self.encoder_dim[-1]
+        for i in range(len(outputs) - 2, -1, -1):
+            d = self.encoder_dim[i]
+            if d > cur:
+                pieces.append(outputs[i][..., cur:d])
+                cur = d
+        return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
+
+    def forward(self, x: Tensor, x_lens: Tensor, key_padding_mask: Optional[Tensor] = None,
+                chunk_size: Optional[int] = None, left_context_frames: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+        feature_masks = self.get_feature_masks(x)
+        cs, lcc = self.get_chunk_info(chunk_size, left_context_frames)
+        attn_mask = self._get_attn_mask(x.shape[0], cs, lcc, x.device)
+        outputs = []
+        for i, module in enumerate(self.encoders):
+            x = convert_num_channels(x, self.encoder_dim[i])
+            x = module(x, chunk_size=cs, feature_mask=feature_masks[i], attn_mask=attn_mask,
+                       key_padding_mask=key_padding_mask)
+            outputs.append(x)
+        x = self._get_full_dim_output(outputs)
+        x = self.downsample_output(x, key_padding_mask)
+        return x, torch.div(x_lens + 1, 2, rounding_mode="floor")
+
+
+class ZipformerEncoder(nn.Module):
+    """Front-end + Zipformer2 with the batch-major interface used by the Transducer.
+
+    Legend: B batch, T input frames (100 Hz), F feature bins, T' = ((T-7)//2 + 1)//2 output frames (25 Hz),
+    D = ``output_dim`` = max(encoder_dim).
+
+    forward(features (B,T,F) float, feature_lens (B,) int64, chunk_size=None, left_context_frames=None, **ignored)
+      -> (encoder_out (B,T',D) in the activations' dtype, encoder_out_lens (B,) int64).
+    ``chunk_size``/``left_context_frames`` (50 Hz frames) fix the chunked causal mode (causal encoders only);
+    by default training draws them from the configured lists. Extra keyword arguments (e.g. ``warmup``) are
+    ignored. Call ``set_batch_count(n)`` from the training loop to drive the schedules.
+    """
+
+    def __init__(self, encoder_embed: Conv2dSubsampling, encoder: Zipformer2, num_features: int):
+        super().__init__()
+        self.encoder_embed = encoder_embed
+        self.encoder = encoder
+        self.num_features = num_features
+        self.output_dim = max(encoder.encoder_dim)
+
+    def set_batch_count(self, batch_count: float) -> None:
+        """Set the batch count that every ScheduledFloat in this encoder follows."""
+        set_batch_count(self, batch_count)
+
+    def forward(self, features: Tensor, feature_lens: Tensor, chunk_size: Optional[int] = None,
+                left_context_frames: Optional[int] = None, **ignored) -> Tuple[Tensor, Tensor]:
+        if features.ndim != 3 or features.shape[-1] != self.num_features:
+            raise ValueError(f"features must be (B, T, {self.num_features}), got {tuple(features.shape)}")
+        if feature_lens.ndim != 1 or feature_lens.shape[0] != features.shape[0]:
+            raise ValueError(f"feature_lens must be (B,) with B={features.shape[0]}, got {tuple(feature_lens.shape)}")
+        if features.shape[1] < 9 or int(feature_lens.min()) < 9:
+            raise ValueError("every utterance needs at least 9 feature frames (front-end gives (T-7)//2 frames)")
+        if int(feature_lens.max()) > features.shape[1]:
+            raise ValueError(f"feature_lens max {int(feature_lens.max())} exceeds T={features.shape[1]}")
+        x, x_lens = self.encoder_embed(features, feature_lens)
+        mask = make_pad_mask(x_lens, x.shape[1])
+        x = x.permute(1, 0, 2)  # (T, B, D)
+        x, out_lens = self.encoder(x, x_lens, mask, chunk_size=chunk_size, left_context_frames=left_context_frames)
+        return x.permute(1, 0, 2), out_lens

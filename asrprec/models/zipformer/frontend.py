@@ -1,0 +1,128 @@
+"""Zipformer front-end: Conv2d subsampling (100 Hz -> 50 Hz) with one ConvNeXt block.
+
+Structure follows k2-fsa/icefall ``egs/librispeech/ASR/zipformer/subsampling.py`` (Conv2dSubsampling, ConvNeXt);
+the code is ours. Difference: the ConvNeXt input is zeroed at frames past each utterance's length, so a padded
+batch gives the same valid frames as each utterance alone (the 7x7 conv otherwise sees padding-derived values).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .scaling import (
+    Balancer,
+    BiasNorm,
+    Dropout3,
+    FloatLike,
+    Linear,
+    ScaleGrad,
+    ScheduledFloat,
+    SwooshR,
+    Whiten,
+    act_dropout_linear,
+    linear,
+)
+
+
+class ConvNeXt(nn.Module):
+    """Depthwise 7x7 conv -> 1x1 up (x3) -> SwooshL -> 1x1 down (init scale 0.01) -> per-sequence layer skip ->
+    residual. Input/output (B, C, T, F).
+
+    Computed in channels-last layout: oneDNN's depthwise-conv backward is several times faster on CPU with
+    channels-last than with NCHW, and the 1x1 convs become plain matmuls over the channel dim, so SwooshL and
+    the second 1x1 conv can use the fused :func:`act_dropout_linear` (only the pre-activation is saved; icefall
+    saves SwooshL's 8-bit derivative and its output). Parameters are those of icefall's ``ConvNeXt``
+    (``nn.Conv2d`` weights of shape (out, in, 1, 1) for the 1x1 convs); the output is channels-last.
+    """
+
+    def __init__(self, channels: int, hidden_ratio: int = 3, kernel_size: Tuple[int, int] = (7, 7),
+                 layerdrop_rate: Optional[FloatLike] = None):
+        super().__init__()
+        self.padding = ((kernel_size[0] - 1) // 2, (kernel_size[1] - 1) // 2)
+        hidden = channels * hidden_ratio
+        self.layerdrop_rate = layerdrop_rate if layerdrop_rate is not None else \
+            ScheduledFloat((0.0, 0.2), (20000.0, 0.015))
+        self.depthwise_conv = nn.Conv2d(channels, channels, groups=channels, kernel_size=kernel_size,
+                                        padding=self.padding)
+        self.pointwise_conv1 = nn.Conv2d(channels, hidden, kernel_size=1)
+        # applied to the channels-last hidden activations, so the channel dim is the last one
+        self.hidden_balancer = Balancer(hidden, channel_dim=-1, min_positive=0.3, max_positive=1.0, min_abs=0.75,
+                                        max_abs=5.0)
+        self.pointwise_conv2 = nn.Conv2d(hidden, channels, kernel_size=1)
+        with torch.no_grad():
+            self.pointwise_conv2.weight.mul_(0.01)
+            nn.init.uniform_(self.pointwise_conv2.bias, -0.001, 0.001)
+        self.out_balancer = Balancer(channels, channel_dim=1, min_positive=0.4, max_positive=0.6, min_abs=1.0,
+                                     max_abs=6.0)
+        self.out_whiten = Whiten(num_groups=1, whitening_limit=5.0, prob=(0.025, 0.25), grad_scale=0.01)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.contiguous(memory_format=torch.channels_last)
+        bypass = x
+        x = self.depthwise_conv(x)  # channels-last in, channels-last out
+        h = x.permute(0, 2, 3, 1)  # (B, T, F, C), contiguous
+        h = linear(h, self.pointwise_conv1.weight.flatten(1), self.pointwise_conv1.bias)  # (B, T, F, 3C)
+        h = self.hidden_balancer(h)
+        h = act_dropout_linear(h, self.pointwise_conv2.weight.flatten(1), self.pointwise_conv2.bias, "SwooshL")
+        x = h.permute(0, 3, 1, 2)  # (B, C, T, F), channels-last strides
+        rate = float(self.layerdrop_rate)
+        if self.training and rate != 0.0:
+            x = x * (torch.rand(x.shape[0], 1, 1, 1, device=x.device) > rate).to(x.dtype)
+        x = self.out_balancer(bypass + x)
+        if self.training and x.requires_grad:
+            # icefall transposes to (B, F, T, C); the whitening metric ignores the order of frames, and
+            # (B, T, F, C) is the channels-last memory order (no copy when the metric reshapes it).
+            x = self.out_whiten(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return x
+
+
+class Conv2dSubsampling(nn.Module):
+    """(B, T, F) features at 100 Hz -> (B, (T-7)//2, D) at 50 Hz.
+
+    Conv2d 1->8 (3x3) -> ScaleGrad(0.2) -> Balancer -> SwooshR -> Conv2d 8->32 (3x3, stride 2) -> Balancer ->
+    SwooshR -> Conv2d 32->128 (3x3, stride (1,2)) -> Balancer -> SwooshR -> ConvNeXt -> Linear(128*F', D) ->
+    Whiten -> BiasNorm -> dropout shared over time. With F=80, D=192: 611,953 parameters.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, layer1_channels: int = 8, layer2_channels: int = 32,
+                 layer3_channels: int = 128, dropout: FloatLike = 0.1):
+        super().__init__()
+        if in_channels < 7:
+            raise ValueError(f"Conv2dSubsampling needs at least 7 feature bins, got {in_channels}")
+        self.in_channels = in_channels
+        self.conv = nn.Sequential(
+            nn.Conv2d(1, layer1_channels, kernel_size=3, padding=(0, 1)),
+            ScaleGrad(0.2),
+            Balancer(layer1_channels, channel_dim=1, max_abs=1.0),
+            SwooshR(),
+            nn.Conv2d(layer1_channels, layer2_channels, kernel_size=3, stride=2),
+            Balancer(layer2_channels, channel_dim=1, max_abs=4.0),
+            SwooshR(),
+            nn.Conv2d(layer2_channels, layer3_channels, kernel_size=3, stride=(1, 2)),
+            Balancer(layer3_channels, channel_dim=1, max_abs=4.0),
+            SwooshR(),
+        )
+        self.convnext = ConvNeXt(layer3_channels, kernel_size=(7, 7))
+        self.out_width = (((in_channels - 1) // 2) - 1) // 2
+        self.out = Linear(self.out_width * layer3_channels, out_channels)
+        self.out_whiten = Whiten(num_groups=1, whitening_limit=ScheduledFloat((0.0, 4.0), (20000.0, 8.0), default=4.0),
+                                 prob=(0.025, 0.25), grad_scale=0.02)
+        self.out_norm = BiasNorm(out_channels)
+        self.dropout = Dropout3(dropout, shared_dim=1)
+
+    def forward(self, x: Tensor, x_lens: Tensor) -> Tuple[Tensor, Tensor]:
+        """x: (B, T, F) float; x_lens: (B,) int. Returns ((B, (T-7)//2, D), (B,) lengths (x_lens-7)//2)."""
+        x = self.conv(x.unsqueeze(1))  # (B, C, (T-7)//2, F')
+        out_lens = torch.div(x_lens - 7, 2, rounding_mode="floor")
+        t = x.shape[2]
+        valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)  # (B, T')
+        if not bool(valid.all()):
+            x = x * valid[:, None, :, None].to(x.dtype)
+        x = self.convnext(x)
+        b, c, t, f = x.shape
+        x = self.out(x.transpose(1, 2).reshape(b, t, c * f))
+        x = self.out_norm(self.out_whiten(x))
+        return self.dropout(x), out_lens

@@ -1,0 +1,364 @@
+"""Zipformer2 layer, stack, down/up-sampling and bypass.
+
+Structure follows k2-fsa/icefall ``egs/librispeech/ASR/zipformer/zipformer.py`` (FeedforwardModule,
+ConvolutionModule, BypassModule, Zipformer2EncoderLayer, Zipformer2Encoder, DownsampledZipformer2Encoder,
+SimpleDownsample, SimpleUpsample); the code is ours. Layout (T, B, D): T frames, B batch, D channels.
+Differences: SimpleDownsample, given the padding mask, fills each utterance's padded frames with its last valid
+frame before grouping, so a padded batch gives exactly the outputs of each utterance alone (icefall mixes
+padding into the last group); the unused per-layer ``bypass_scale`` parameter of icefall ("TODO remove") is
+left out (embed_dim fewer parameters per layer).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from .attention import CompactRelPositionalEncoding, NonlinAttention, RelPositionMultiheadAttentionWeights, \
+    SelfAttention
+from .scaling import (
+    ActivationDropoutAndLinear,
+    Balancer,
+    BiasNorm,
+    ChunkCausalDepthwiseConv1d,
+    FloatLike,
+    Linear,
+    ScheduledFloat,
+    Whiten,
+    autocast_off,
+    bypass,
+    compute_dtype,
+    limit_param_value,
+    _up,
+    whitening_schedule,
+)
+
+
+class FeedforwardModule(nn.Module):
+    """Linear -> Balancer -> SwooshL -> dropout (shared over time) -> Linear -> Whiten. (T,B,D) -> (T,B,D)."""
+
+    def __init__(self, embed_dim: int, feedforward_dim: int, dropout: FloatLike):
+        super().__init__()
+        self.in_proj = Linear(embed_dim, feedforward_dim)
+        self.hidden_balancer = Balancer(feedforward_dim, channel_dim=-1, min_positive=0.3, max_positive=1.0,
+                                        min_abs=0.75, max_abs=5.0)
+        self.out_proj = ActivationDropoutAndLinear(feedforward_dim, embed_dim, activation="SwooshL",
+                                                   dropout_p=dropout, dropout_shared_dim=0, bias=True,
+                                                   initial_scale=0.1)
+        self.out_whiten = Whiten(num_groups=1, whitening_limit=whitening_schedule(7.5), prob=(0.025, 0.25),
+                                 grad_scale=0.01)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out_whiten(self.out_proj(self.hidden_balancer(self.in_proj(x))))
+
+
+class ConvolutionModule(nn.Module):
+    """Linear(D,2D) -> GLU-like sigmoid gate -> zero padded frames -> depthwise conv -> SwooshR -> Linear.
+
+    forward(x (T,B,D), key_padding_mask (B,T) or None, chunk_size) -> (T,B,D)."""
+
+    def __init__(self, channels: int, kernel_size: int, causal: bool):
+        super().__init__()
+        if kernel_size % 2 != 1:
+            raise ValueError(f"cnn_module_kernel must be odd, got {kernel_size}")
+        self.causal = causal
+        self.in_proj = Linear(channels, 2 * channels)
+        self.balancer1 = Balancer(channels, channel_dim=-1,
+                                  min_positive=ScheduledFloat((0.0, 0.05), (8000.0, 0.025)), max_positive=1.0,
+                                  min_abs=1.5, max_abs=ScheduledFloat((0.0, 5.0), (8000.0, 10.0), default=1.0))
+        if causal:
+            self.depthwise_conv = ChunkCausalDepthwiseConv1d(channels, kernel_size)
+        else:
+            self.depthwise_conv = nn.Conv1d(channels, channels, groups=channels, kernel_size=kernel_size,
+                                            padding=kernel_size // 2)
+        self.balancer2 = Balancer(channels, channel_dim=1,
+                                  min_positive=ScheduledFloat((0.0, 0.1), (8000.0, 0.05)), max_positive=1.0,
+                                  min_abs=ScheduledFloat((0.0, 0.2), (20000.0, 0.5)), max_abs=10.0)
+        self.whiten = Whiten(num_groups=1, whitening_limit=whitening_schedule(7.5), prob=(0.025, 0.25),
+                             grad_scale=0.01)
+        self.out_proj = ActivationDropoutAndLinear(channels, channels, activation="SwooshR", dropout_p=0.0,
+                                                   initial_scale=0.05)
+
+    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, chunk_size: int = -1) -> Tensor:
+        x = self.in_proj(x)
+        x, s = x.chunk(2, dim=-1)
+        x = x * torch.sigmoid(self.balancer1(s))
+        x = x.permute(1, 2, 0)  # (B, D, T)
+        if key_padding_mask is not None:
+            x = x.masked_fill(key_padding_mask.unsqueeze(1), 0.0)
+        if self.causal:
+            x = self.depthwise_conv(x, chunk_size=chunk_size)
+        else:
+            x = self.depthwise_conv(x)
+        x = self.balancer2(x).permute(2, 0, 1)  # (T, B, D)
+        return self.out_proj(self.whiten(x))
+
+
+class BypassModule(nn.Module):
+    """out = src_orig + c * (src - src_orig) with learned per-channel c (init 0.5); in training c is kept in
+    [scale_min, scale_max] and set to 0 for a random ``skip_rate`` of sequences (layer skipping)."""
+
+    def __init__(self, embed_dim: int, skip_rate: FloatLike = 0.0, straight_through_rate: FloatLike = 0.0,
+                 scale_min: Optional[FloatLike] = None, scale_max: FloatLike = 1.0):
+        super().__init__()
+        if scale_min is None:
+            scale_min = ScheduledFloat((0.0, 0.9), (20000.0, 0.2), default=0.0)
+        self.bypass_scale = nn.Parameter(torch.full((embed_dim,), 0.5))
+        self.skip_rate = copy.deepcopy(skip_rate)
+        self.straight_through_rate = copy.deepcopy(straight_through_rate)
+        self.scale_min = copy.deepcopy(scale_min)
+        self.scale_max = copy.deepcopy(scale_max)
+
+    def _scale(self, batch_size: int) -> Tensor:
+        if not self.training:
+            return self.bypass_scale
+        ans = limit_param_value(self.bypass_scale, float(self.scale_min), float(self.scale_max))
+        skip = float(self.skip_rate)
+        if skip != 0.0:
+            ans = ans * (torch.rand((batch_size, 1), device=ans.device) > skip).to(ans.dtype)
+        st = float(self.straight_through_rate)
+        if st != 0.0:
+            ans = torch.maximum(ans, (torch.rand((batch_size, 1), device=ans.device) < st).to(ans.dtype))
+        return ans
+
+    def forward(self, src_orig: Tensor, src: Tensor) -> Tensor:
+        return bypass(src_orig, src, self._scale(src.shape[1]))
+
+
+def _sequence_mask(x: Tensor, rate: float, training: bool) -> Optional[Tensor]:
+    if rate == 0.0 or not training:
+        return None
+    return (torch.rand(x.shape[1], 1, device=x.device) > rate).to(x.dtype)
+
+
+def _apply_mask(x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    return x if mask is None else x * mask
+
+
+class Zipformer2EncoderLayer(nn.Module):
+    """One Zipformer2 layer: attention weights once; FF1, NonlinAttention, SelfAttention1, Conv1, FF2, mid bypass,
+    SelfAttention2 (same weights), Conv2, FF3, Balancer, BiasNorm, bypass, Balancer, Whiten.
+
+    forward(src (T,B,D), pos_emb (1,2T-1,P), chunk_size, attn_mask (T,T), key_padding_mask (B,T)) -> (T,B,D)."""
+
+    def __init__(self, embed_dim: int, pos_dim: int, num_heads: int, query_head_dim: int, pos_head_dim: int,
+                 value_head_dim: int, feedforward_dim: int, dropout: FloatLike = 0.1, cnn_module_kernel: int = 31,
+                 causal: bool = False):
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.bypass = BypassModule(embed_dim, skip_rate=ScheduledFloat((0.0, 0.5), (4000.0, 0.02), default=0.0))
+        self.bypass_mid = BypassModule(embed_dim)
+        self.attention_skip_rate = ScheduledFloat((0.0, 0.2), (4000.0, 0.05), (16000.0, 0.0), default=0.0)
+        self.conv_skip_rate = ScheduledFloat((0.0, 0.2), (4000.0, 0.05), (16000.0, 0.0), default=0.0)
+        self.ff2_skip_rate = ScheduledFloat((0.0, 0.1), (4000.0, 0.01), (50000.0, 0.0))
+        self.ff3_skip_rate = ScheduledFloat((0.0, 0.1), (4000.0, 0.01), (50000.0, 0.0))
+        self.const_attention_rate = ScheduledFloat((0.0, 0.25), (4000.0, 0.025), default=0.0)
+
+        self.self_attn_weights = RelPositionMultiheadAttentionWeights(
+            embed_dim, pos_dim=pos_dim, num_heads=num_heads, query_head_dim=query_head_dim,
+            pos_head_dim=pos_head_dim)
+        self.self_attn1 = SelfAttention(embed_dim, num_heads, value_head_dim)
+        self.self_attn2 = SelfAttention(embed_dim, num_heads, value_head_dim)
+        self.feed_forward1 = FeedforwardModule(embed_dim, (feedforward_dim * 3) // 4, dropout)
+        self.feed_forward2 = FeedforwardModule(embed_dim, feedforward_dim, dropout)
+        self.feed_forward3 = FeedforwardModule(embed_dim, (feedforward_dim * 5) // 4, dropout)
+        self.nonlin_attention = NonlinAttention(embed_dim, hidden_channels=3 * embed_dim // 4)
+        self.conv_module1 = ConvolutionModule(embed_dim, cnn_module_kernel, causal=causal)
+        self.conv_module2 = ConvolutionModule(embed_dim, cnn_module_kernel, causal=causal)
+        self.norm = BiasNorm(embed_dim)
+
+        self.balancer1 = Balancer(embed_dim, channel_dim=-1, min_positive=0.45, max_positive=0.55, min_abs=0.2,
+                                  max_abs=4.0)
+        self.balancer_na = Balancer(embed_dim, channel_dim=-1, min_positive=0.3, max_positive=0.7,
+                                    min_abs=ScheduledFloat((0.0, 0.004), (4000.0, 0.02)), prob=0.05)
+        self.balancer_ff2 = Balancer(embed_dim, channel_dim=-1, min_positive=0.3, max_positive=0.7,
+                                     min_abs=ScheduledFloat((0.0, 0.0), (4000.0, 0.1), default=0.0), max_abs=2.0,
+                                     prob=0.05)
+        self.balancer_ff3 = Balancer(embed_dim, channel_dim=-1, min_positive=0.3, max_positive=0.7,
+                                     min_abs=ScheduledFloat((0.0, 0.0), (4000.0, 0.2), default=0.0), max_abs=4.0,
+                                     prob=0.05)
+        self.whiten = Whiten(num_groups=1, whitening_limit=whitening_schedule(4.0, ratio=3.0),
+                             prob=(0.025, 0.25), grad_scale=0.01)
+        self.balancer2 = Balancer(embed_dim, channel_dim=-1, min_positive=0.45, max_positive=0.55, min_abs=0.1,
+                                  max_abs=4.0)
+
+    def forward(self, src: Tensor, pos_emb: Tensor, chunk_size: int = -1, attn_mask: Optional[Tensor] = None,
+                key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        src_orig = src
+        tr = self.training
+        attn_mask_seq = _sequence_mask(src, float(self.attention_skip_rate) if tr else 0.0, tr)
+        attn_weights = self.self_attn_weights(src, pos_emb=pos_emb, attn_mask=attn_mask,
+                                              key_padding_mask=key_padding_mask)
+        src = src + self.feed_forward1(src)
+
+        selected = attn_weights[0:1]
+        if tr and random.random() < float(self.const_attention_rate):
+            # replace by uniform averaging over the unmasked keys (pushes NonlinAttention towards averaging)
+            selected = (selected > 0.0).to(selected.dtype)
+            selected = selected * (1.0 / selected.sum(dim=-1, keepdim=True))
+        na = self.balancer_na(self.nonlin_attention(src, selected))
+        src = src + _apply_mask(na, attn_mask_seq)
+        src = src + _apply_mask(self.self_attn1(src, attn_weights), attn_mask_seq)
+
+        conv_rate = float(self.conv_skip_rate) if tr else 0.0
+        src = src + _apply_mask(self.conv_module1(src, key_padding_mask, chunk_size),
+                                _sequence_mask(src, conv_rate, tr))
+        ff2_rate = float(self.ff2_skip_rate) if tr else 0.0
+        src = src + _apply_mask(self.balancer_ff2(self.feed_forward2(src)), _sequence_mask(src, ff2_rate, tr))
+
+        src = self.bypass_mid(src_orig, src)
+
+        src = src + _apply_mask(self.self_attn2(src, attn_weights), attn_mask_seq)
+        src = src + _apply_mask(self.conv_module2(src, key_padding_mask, chunk_size),
+                                _sequence_mask(src, conv_rate, tr))
+        ff3_rate = float(self.ff3_skip_rate) if tr else 0.0
+        src = src + _apply_mask(self.balancer_ff3(self.feed_forward3(src)), _sequence_mask(src, ff3_rate, tr))
+
+        src = self.norm(self.balancer1(src))
+        src = self.bypass(src_orig, src)
+        return self.whiten(self.balancer2(src))
+
+
+class Zipformer2Encoder(nn.Module):
+    """A stack of ``num_layers`` copies of a layer sharing one positional encoding; layer i's bypass skip rate
+    warms up from ``initial_layerdrop_rate`` to ``final_layerdrop_rate`` in its slice of
+    [warmup_begin, warmup_end] batches.
+
+    forward(src (T,B,D), chunk_size, feature_mask (1,B,D) or 1.0, attn_mask (T,T), key_padding_mask (B,T))."""
+
+    def __init__(self, encoder_layer: Zipformer2EncoderLayer, num_layers: int, pos_dim: int, warmup_begin: float,
+                 warmup_end: float, initial_layerdrop_rate: float = 0.5, final_layerdrop_rate: float = 0.05):
+        super().__init__()
+        if not 0 <= warmup_begin <= warmup_end:
+            raise ValueError(f"need 0 <= warmup_begin <= warmup_end, got {warmup_begin}, {warmup_end}")
+        self.encoder_pos = CompactRelPositionalEncoding(pos_dim, dropout_rate=0.15, length_factor=1.0)
+        self.layers = nn.ModuleList([copy.deepcopy(encoder_layer) for _ in range(num_layers)])
+        self.num_layers = num_layers
+        delta = (warmup_end - warmup_begin) / num_layers
+        begin = warmup_begin
+        for layer in self.layers:
+            layer.bypass.skip_rate = ScheduledFloat((begin, initial_layerdrop_rate),
+                                                    (begin + delta, final_layerdrop_rate), default=0.0)
+            begin += delta
+
+    def forward(self, src: Tensor, chunk_size: int = -1, feature_mask: Union[Tensor, float] = 1.0,
+                attn_mask: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        pos_emb = self.encoder_pos(src)
+        out = src * feature_mask
+        for layer in self.layers:
+            out = layer(out, pos_emb, chunk_size=chunk_size, attn_mask=attn_mask,
+                        key_padding_mask=key_padding_mask)
+            out = out * feature_mask
+        return out
+
+
+def _ds_mask(mask: Optional[Tensor], ds: int) -> Optional[Tensor]:
+    return None if mask is None else mask[:, ::ds]
+
+
+class _SimpleDownsampleFunction(torch.autograd.Function):
+    """out[i] = sum_k softmax(bias)[k] * src[i*ds + k], the last frame repeated to fill the last group.
+
+    Saves only the unpadded input, in the compute dtype (a plain ``(src * w).sum()`` saves the padded copy, in
+    fp32 under autocast); it is needed only for the gradient of the ``ds`` weights. Legend: T frames, B, C.
+    """
+
+    @staticmethod
+    def forward(ctx, src: Tensor, bias: Tensor, ds: int) -> Tensor:
+        t, b, c = src.shape
+        d_t = (t + ds - 1) // ds
+        pad = d_t * ds - t
+        with autocast_off(src):
+            w = _up(bias).softmax(dim=0)
+            src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
+            out = (src_p.reshape(d_t, ds, b, c) * w.to(src.dtype).reshape(1, ds, 1, 1)).sum(dim=1)
+        ctx.save_for_backward(src.to(compute_dtype(src)), w)
+        ctx.ds, ctx.src_dtype, ctx.bias_dtype = ds, src.dtype, bias.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        src, w = ctx.saved_tensors
+        ds = ctx.ds
+        t, b, c = src.shape
+        d_t = g.shape[0]
+        pad = d_t * ds - t
+        g_src = g_bias = None
+        with autocast_off(g):
+            if ctx.needs_input_grad[0]:
+                gp = (g.unsqueeze(1) * w.to(g.dtype).reshape(1, ds, 1, 1)).reshape(d_t * ds, b, c)
+                g_src = gp[:t]
+                if pad:
+                    g_src = g_src.clone()
+                    g_src[t - 1] += gp[t:].sum(dim=0)
+                g_src = g_src.to(ctx.src_dtype)
+            if ctx.needs_input_grad[1]:
+                src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
+                # d loss / d w_k = sum_{i,b,c} g[i] * src[i*ds + k], accumulated in fp32
+                gw = torch.einsum("ikn,in->k", _up(src_p).reshape(d_t, ds, b * c).float(),
+                                  _up(g).reshape(d_t, b * c).float())
+                g_bias = (w * (gw - (gw * w).sum())).to(ctx.bias_dtype)  # softmax backward
+        return g_src, g_bias, None
+
+
+class SimpleDownsample(nn.Module):
+    """Softmax-weighted sum of each group of ``downsample`` frames (``downsample`` learned weights).
+
+    forward(src (T,B,D), key_padding_mask (B,T) or None) -> (ceil(T/ds), B, D)."""
+
+    def __init__(self, downsample: int):
+        super().__init__()
+        self.downsample = downsample
+        self.bias = nn.Parameter(torch.zeros(downsample))
+
+    def forward(self, src: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        t, b, c = src.shape
+        if key_padding_mask is not None and bool(key_padding_mask.any()):
+            # repeat each utterance's last valid frame over its padding, as if it were alone in the batch.
+            lens = (~key_padding_mask).sum(dim=1).clamp(min=1)
+            idx = torch.minimum(torch.arange(t, device=src.device).unsqueeze(1), (lens - 1).unsqueeze(0))
+            src = src.gather(0, idx.unsqueeze(-1).expand(t, b, c))
+        return _SimpleDownsampleFunction.apply(src, self.bias, self.downsample)
+
+
+class SimpleUpsample(nn.Module):
+    """Repeat each frame ``upsample`` times: (T,B,D) -> (T*upsample,B,D)."""
+
+    def __init__(self, upsample: int):
+        super().__init__()
+        self.upsample = upsample
+
+    def forward(self, src: Tensor) -> Tensor:
+        t, b, c = src.shape
+        return src.unsqueeze(1).expand(t, self.upsample, b, c).reshape(t * self.upsample, b, c)
+
+
+class DownsampledZipformer2Encoder(nn.Module):
+    """Downsample by ``downsample``, run the stack, upsample, crop, and combine with the input by a bypass.
+
+    forward(src (T,B,D), chunk_size, feature_mask, attn_mask (T,T), key_padding_mask (B,T) at the input rate)."""
+
+    def __init__(self, encoder: Zipformer2Encoder, dim: int, downsample: int):
+        super().__init__()
+        self.downsample_factor = downsample
+        self.downsample = SimpleDownsample(downsample)
+        self.encoder = encoder
+        self.num_layers = encoder.num_layers
+        self.upsample = SimpleUpsample(downsample)
+        self.out_combiner = BypassModule(dim, straight_through_rate=0)
+
+    def forward(self, src: Tensor, chunk_size: int = -1, feature_mask: Union[Tensor, float] = 1.0,
+                attn_mask: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+        src_orig = src
+        ds = self.downsample_factor
+        src = self.downsample(src, key_padding_mask)
+        src = self.encoder(src, chunk_size=chunk_size // ds if chunk_size > 0 else chunk_size,
+                           feature_mask=feature_mask,
+                           attn_mask=None if attn_mask is None else attn_mask[::ds, ::ds],
+                           key_padding_mask=_ds_mask(key_padding_mask, ds))
+        src = self.upsample(src)[: src_orig.shape[0]]
+        return self.out_combiner(src_orig, src)

@@ -1,0 +1,143 @@
+"""Typed Zipformer configs, the named presets and the public builder.
+
+small / medium / large are the icefall LibriSpeech configs (k2-fsa/icefall egs/librispeech/ASR/RESULTS.md,
+PR #1058; medium = zipformer/train.py defaults). ``tiny`` is ours: about 1.3 M encoder parameters, for the
+embedded recipe and CPU tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, Tuple
+
+from .encoder import Zipformer2, ZipformerEncoder
+from .frontend import Conv2dSubsampling
+
+_PER_STACK = ("num_encoder_layers", "feedforward_dim", "encoder_dim", "encoder_unmasked_dim", "num_heads",
+              "query_head_dim", "value_head_dim", "pos_head_dim", "cnn_module_kernel")
+
+
+@dataclass(frozen=True)
+class ZipformerConfig:
+    """Every field of the encoder. Per-stack fields take one int (broadcast) or one value per stack."""
+
+    num_features: int = 80
+    downsampling_factor: Tuple[int, ...] = (1, 2, 4, 8, 4, 2)
+    num_encoder_layers: Tuple[int, ...] = (2, 2, 3, 4, 3, 2)
+    feedforward_dim: Tuple[int, ...] = (512, 768, 1024, 1536, 1024, 768)
+    encoder_dim: Tuple[int, ...] = (192, 256, 384, 512, 384, 256)
+    encoder_unmasked_dim: Tuple[int, ...] = (192, 192, 256, 256, 256, 192)
+    num_heads: Tuple[int, ...] = (4, 4, 4, 8, 4, 4)
+    query_head_dim: Tuple[int, ...] = (32,)
+    value_head_dim: Tuple[int, ...] = (12,)
+    pos_head_dim: Tuple[int, ...] = (4,)
+    pos_dim: int = 48
+    cnn_module_kernel: Tuple[int, ...] = (31, 31, 15, 15, 15, 31)
+    output_downsampling_factor: int = 2
+    warmup_batches: float = 4000.0
+    causal: bool = False
+    # chunked causal training (50 Hz frames); icefall train.py defaults
+    chunk_size: Tuple[int, ...] = (16, 32, 64, -1)
+    left_context_frames: Tuple[int, ...] = (64, 128, 256, -1)
+
+    def __post_init__(self) -> None:
+        n = len(self.downsampling_factor)
+        if n == 0:
+            raise ValueError("downsampling_factor must name at least one stack")
+        for name in _PER_STACK:
+            v = getattr(self, name)
+            v = (int(v),) if isinstance(v, int) else tuple(int(a) for a in v)
+            if len(v) == 1:
+                v = v * n
+            if len(v) != n:
+                raise ValueError(f"{name} has {len(v)} entries but there are {n} stacks "
+                                 f"(downsampling_factor={self.downsampling_factor})")
+            object.__setattr__(self, name, v)
+        object.__setattr__(self, "downsampling_factor", tuple(int(d) for d in self.downsampling_factor))
+        object.__setattr__(self, "chunk_size", tuple(int(c) for c in self.chunk_size))
+        object.__setattr__(self, "left_context_frames", tuple(int(c) for c in self.left_context_frames))
+        for u, d in zip(self.encoder_unmasked_dim, self.encoder_dim):
+            if u > d:
+                raise ValueError(f"encoder_unmasked_dim {u} exceeds encoder_dim {d}")
+        for k in self.cnn_module_kernel:
+            if k % 2 != 1:
+                raise ValueError(f"cnn_module_kernel entries must be odd, got {k}")
+        for q, p in zip(self.query_head_dim, self.pos_head_dim):
+            if p > q:
+                raise ValueError(f"pos_head_dim {p} exceeds query_head_dim {q}")
+        for d, h in zip(self.encoder_dim, self.num_heads):
+            if (3 * d // 4) % 1 != 0 or h < 1:
+                raise ValueError(f"bad num_heads {h} for encoder_dim {d}")
+        if self.pos_dim % 2:
+            raise ValueError(f"pos_dim must be even, got {self.pos_dim}")
+
+    @property
+    def output_dim(self) -> int:
+        return max(self.encoder_dim)
+
+
+PRESETS: Dict[str, Dict[str, Any]] = {
+    "tiny": dict(
+        num_encoder_layers=(1, 1, 1, 1, 1, 1),
+        feedforward_dim=(192, 256, 256, 256, 256, 256),
+        encoder_dim=(64, 96, 96, 96, 96, 96),
+        encoder_unmasked_dim=(64, 64, 64, 64, 64, 64),
+        num_heads=(4, 4, 4, 4, 4, 4),
+        query_head_dim=16, value_head_dim=8, pos_head_dim=4, pos_dim=32,
+        cnn_module_kernel=(15, 15, 7, 7, 7, 15),
+    ),
+    "small": dict(
+        num_encoder_layers=(2, 2, 2, 2, 2, 2),
+        feedforward_dim=(512, 768, 768, 768, 768, 768),
+        encoder_dim=(192, 256, 256, 256, 256, 256),
+        encoder_unmasked_dim=(192, 192, 192, 192, 192, 192),
+    ),
+    "medium": dict(),  # the dataclass defaults
+    "large": dict(
+        num_encoder_layers=(2, 2, 4, 5, 4, 2),
+        feedforward_dim=(512, 768, 1536, 2048, 1536, 768),
+        encoder_dim=(192, 256, 512, 768, 512, 256),
+        encoder_unmasked_dim=(192, 192, 256, 320, 256, 192),
+    ),
+}
+
+
+def zipformer_config(size: str = "medium", **overrides: Any) -> ZipformerConfig:
+    """The preset ``size`` with ``overrides`` applied; unknown keys raise ValueError."""
+    if size not in PRESETS:
+        raise ValueError(f"unknown Zipformer size {size!r}; choose one of {sorted(PRESETS)}")
+    names = {f.name for f in dataclasses.fields(ZipformerConfig)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ValueError(f"unknown Zipformer config keys {unknown}; valid keys: {sorted(names)}")
+    return ZipformerConfig(**{**PRESETS[size], **overrides})
+
+
+def build_zipformer_encoder(*, size: str = "medium", causal: bool = False, **overrides: Any) -> ZipformerEncoder:
+    """Build front-end + Zipformer2. ``size`` in tiny/small/medium/large; ``overrides`` are ZipformerConfig
+    fields. The result has ``output_dim`` and ``set_batch_count(n)``."""
+    cfg = zipformer_config(size, causal=causal, **overrides)
+    return build_from_config(cfg)
+
+
+def build_from_config(cfg: ZipformerConfig) -> ZipformerEncoder:
+    embed = Conv2dSubsampling(cfg.num_features, cfg.encoder_dim[0],
+                              dropout=_frontend_dropout())
+    enc = Zipformer2(
+        downsampling_factor=cfg.downsampling_factor, encoder_dim=cfg.encoder_dim,
+        num_encoder_layers=cfg.num_encoder_layers, encoder_unmasked_dim=cfg.encoder_unmasked_dim,
+        query_head_dim=cfg.query_head_dim, pos_head_dim=cfg.pos_head_dim, value_head_dim=cfg.value_head_dim,
+        num_heads=cfg.num_heads, feedforward_dim=cfg.feedforward_dim, cnn_module_kernel=cfg.cnn_module_kernel,
+        pos_dim=cfg.pos_dim, output_downsampling_factor=cfg.output_downsampling_factor,
+        warmup_batches=cfg.warmup_batches, causal=cfg.causal,
+        chunk_size=cfg.chunk_size if cfg.causal else (-1,),
+        left_context_frames=cfg.left_context_frames if cfg.causal else (-1,))
+    model = ZipformerEncoder(embed, enc, cfg.num_features)
+    model.config = cfg
+    return model
+
+
+def _frontend_dropout():
+    from .scaling import ScheduledFloat
+    return ScheduledFloat((0.0, 0.3), (20000.0, 0.1))

@@ -1,0 +1,254 @@
+"""ScaledAdam: Adam with updates relative to each tensor's RMS and a learned overall scale per tensor.
+
+Semantics follow k2-fsa/icefall ``egs/librispeech/ASR/zipformer/optim.py`` (ScaledAdam, _get_clipping_scale,
+_size_update, _step, _step_scalar); the code is ours. Differences:
+
+* Parameters are updated one at a time instead of stacked by shape (BatchedOptimizer); the arithmetic per
+  tensor is the same.
+* State is always float32. For bf16/fp16 parameters the update is computed on an fp32 copy of the parameter
+  (kept in state as ``param_fp32``, so rounding does not accumulate) and written back rounded.
+* Gradients that are None are skipped (icefall substitutes zeros).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+log = logging.getLogger(__name__)
+
+
+class ScaledAdam(Optimizer):
+    """ScaledAdam.
+
+    Args:
+      params: parameters or parameter groups (dicts; an ``lr`` per group is honoured, extra keys such as
+        ``names`` are kept).
+      lr: base learning rate (icefall default for Zipformer: 0.045, used with :class:`Eden`).
+      clipping_scale: clip the RMS-weighted global gradient norm at ``clipping_scale`` x median of the last
+        ``clipping_update_period`` norms (None: no clipping).
+      betas: (momentum on the update, second-moment decay).
+      scalar_lr_scale: lr multiplier for scalars and for the learned tensor scales.
+      param_min_rms / param_max_rms: the update is scaled by max(RMS(p), param_min_rms); the learned scale never
+        shrinks a tensor below param_min_rms nor grows it above param_max_rms.
+      scalar_max: scalar parameters are clamped to [-scalar_max, scalar_max].
+      size_update_period: learn the tensor scale every this many steps.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 3e-2, clipping_scale: Optional[float] = None,
+                 betas: Tuple[float, float] = (0.9, 0.98), scalar_lr_scale: float = 0.1, eps: float = 1.0e-8,
+                 param_min_rms: float = 1.0e-5, param_max_rms: float = 3.0, scalar_max: float = 10.0,
+                 size_update_period: int = 4, clipping_update_period: int = 100):
+        if lr <= 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if not (0 <= betas[0] < 1 and 0 < betas[1] < 1):
+            raise ValueError(f"betas must be in [0,1) x (0,1), got {betas}")
+        if clipping_scale is not None and clipping_scale <= 0:
+            raise ValueError(f"clipping_scale must be positive or None, got {clipping_scale}")
+        if not 0 < param_min_rms < param_max_rms:
+            raise ValueError(f"need 0 < param_min_rms < param_max_rms, got {param_min_rms}, {param_max_rms}")
+        defaults = dict(lr=lr, clipping_scale=clipping_scale, betas=betas, scalar_lr_scale=scalar_lr_scale,
+                        eps=eps, param_min_rms=param_min_rms, param_max_rms=param_max_rms, scalar_max=scalar_max,
+                        size_update_period=size_update_period, clipping_update_period=clipping_update_period)
+        super().__init__(params, defaults)
+        # global clipping state (icefall keeps it in the first parameter's state)
+        self._clip: Dict[str, Any] = {"step": 0, "norms": None, "threshold": None, "num_clipped": 0}
+
+    # ---- state -----------------------------------------------------------------------------------------------
+    def _init_state(self, group: dict, p: Tensor, state: dict) -> None:
+        pf = p.detach().float()
+        state["step"] = 0
+        if p.dtype != torch.float32:
+            state["param_fp32"] = pf.clone()
+        state["delta"] = torch.zeros_like(pf)
+        state["exp_avg_sq"] = torch.zeros_like(pf)
+        if p.numel() > 1:
+            rms = (pf ** 2).mean().sqrt().reshape(1)
+            state["param_rms"] = rms
+            state["scale_exp_avg_sq"] = torch.zeros_like(rms)
+            state["scale_grads"] = torch.zeros(group["size_update_period"], device=p.device, dtype=torch.float32)
+
+    def state_dict(self) -> Dict[str, Any]:
+        sd = super().state_dict()
+        sd["clipping"] = {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in self._clip.items()}
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        clip = state_dict.pop("clipping", None)
+        super().load_state_dict(state_dict)
+        # keep the fp32 state fp32 even if torch's loader cast it to the parameter dtype
+        for st in self.state.values():
+            for k, v in list(st.items()):
+                if isinstance(v, Tensor) and v.is_floating_point():
+                    st[k] = v.float()
+        if clip is not None:
+            self._clip = clip
+
+    # ---- clipping ---------------------------------------------------------------------------------------------
+    def _clipping_factor(self, grads: List[Tuple[dict, Tensor, Tensor, dict]]) -> float:
+        clip = self._clip
+        scale = self.defaults["clipping_scale"]
+        step = clip["step"]
+        if scale is None or step == 0 or not grads:
+            return 1.0
+        period = self.defaults["clipping_update_period"]
+        device = grads[0][1].device
+        tot = torch.zeros((), device=device, dtype=torch.float32)
+        for group, p, g, state in grads:
+            if p.numel() == 1:
+                tot += (g ** 2).sum() * group["scalar_lr_scale"] ** 2
+            else:
+                tot += ((g * state["param_rms"]) ** 2).sum()
+        norm = tot.sqrt()
+        if clip["norms"] is None:
+            clip["norms"] = torch.zeros(period, device=device, dtype=torch.float32)
+        clip["norms"][step % period] = norm
+        irregular = [i for i in (10, 20, 40) if i < period]
+        if step % period == 0 or step in irregular:
+            norms = clip["norms"].sort()[0].cpu()
+            if step in irregular:
+                norms = norms[-step:]
+            n = norms.numel()
+            quartiles = [norms[min(n - 1, (n // 4) * k)].item() for k in range(5)]
+            median = quartiles[2]
+            if median != median:
+                raise RuntimeError("Too many grads were not finite (median gradient norm is NaN); lower the "
+                                   "learning rate or check the data / precision policy")
+            threshold = scale * median * (2.0 if step in irregular else 1.0)
+            log.info("Clipping_scale=%s, grad-norm quartiles %s, threshold=%.3e, percent-clipped=%.1f", scale,
+                     " ".join(f"{q:.3e}" for q in quartiles), threshold, clip["num_clipped"] * 100.0 / n)
+            clip["threshold"] = threshold
+            clip["num_clipped"] = 0
+        if clip["threshold"] is None:
+            return 1.0
+        ans = min(1.0, (clip["threshold"] / (norm + 1.0e-20)).item())
+        if ans != ans:
+            ans = 0.0
+        if ans < 1.0:
+            clip["num_clipped"] += 1
+        return ans
+
+    # ---- step -------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        todo: List[Tuple[dict, Tensor, Tensor, dict]] = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("ScaledAdam does not support sparse gradients")
+                state = self.state[p]
+                if len(state) == 0:
+                    self._init_state(group, p, state)
+                todo.append((group, p, p.grad.float(), state))
+        factor = self._clipping_factor(todo)
+        for group, p, g, state in todo:
+            if factor != 1.0:
+                g = g * factor
+            self._step_one(group, p, g, state)
+        self._clip["step"] += 1
+        return loss
+
+    def _step_one(self, group: dict, p: Tensor, g: Tensor, state: dict) -> None:
+        low_precision = "param_fp32" in state
+        pf = state["param_fp32"] if low_precision else p.data
+        if low_precision and not torch.equal(pf.to(p.dtype), p.data):
+            pf.copy_(p.data.float())  # parameter changed outside the optimizer (e.g. loaded): resync
+        beta1 = group["betas"][0]
+        step = state["step"]
+        delta = state["delta"]
+        delta.mul_(beta1)
+        if p.numel() > 1:
+            period = group["size_update_period"]
+            state["scale_grads"][step % period] = (pf * g).sum()
+            if step % period == period - 1:
+                state["param_rms"].copy_((pf ** 2).mean().sqrt())
+                if step > 0:
+                    self._size_update(group, pf, state)
+            self._step_tensor(group, pf, g, state)
+        else:
+            self._step_scalar(group, pf, g, state)
+        state["step"] = step + 1
+        if low_precision:
+            p.data.copy_(pf)
+
+    def _size_update(self, group: dict, pf: Tensor, state: dict) -> None:
+        beta1, beta2 = group["betas"]
+        size_lr = group["lr"] * group["scalar_lr_scale"]
+        scale_grads = state["scale_grads"]
+        period = scale_grads.shape[0]
+        param_rms = state["param_rms"]
+        beta2_corr = beta2 ** period  # faster decay at this level
+        sea = state["scale_exp_avg_sq"]
+        sea.mul_(beta2_corr).add_((scale_grads ** 2).mean(), alpha=1 - beta2_corr)
+        size_step = (state["step"] + 1) // period
+        bias_correction2 = 1 - beta2_corr ** size_step
+        denom = sea.sqrt() + group["eps"]
+        scale_step = -size_lr * (bias_correction2 ** 0.5) * scale_grads.sum() / denom
+        scale_step = scale_step.masked_fill(param_rms < group["param_min_rms"], 0.0)
+        scale_step = torch.minimum(scale_step, (group["param_max_rms"] - param_rms) / param_rms)
+        state["delta"].add_(pf * scale_step, alpha=1 - beta1)
+
+    def _step_tensor(self, group: dict, pf: Tensor, g: Tensor, state: dict) -> None:
+        beta1, beta2 = group["betas"]
+        exp_avg_sq = state["exp_avg_sq"]
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        bias_correction2 = 1 - beta2 ** (state["step"] + 1)
+        if bias_correction2 < 0.99:
+            exp_avg_sq = exp_avg_sq * (1.0 / bias_correction2)
+        denom = exp_avg_sq.sqrt().add_(group["eps"])
+        alpha = -group["lr"] * (1 - beta1) * state["param_rms"].clamp(min=group["param_min_rms"])
+        state["delta"].add_(g / denom * alpha)
+        pf.add_(state["delta"])
+
+    def _step_scalar(self, group: dict, pf: Tensor, g: Tensor, state: dict) -> None:
+        beta1, beta2 = group["betas"]
+        lr = group["lr"] * group["scalar_lr_scale"]
+        exp_avg_sq = state["exp_avg_sq"]
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        bias_correction2 = 1 - beta2 ** (state["step"] + 1)
+        denom = (exp_avg_sq / bias_correction2).sqrt() + group["eps"]
+        state["delta"].add_(g / denom, alpha=-lr * (1 - beta1))
+        pf.clamp_(min=-group["scalar_max"], max=group["scalar_max"])
+        pf.add_(state["delta"])
+
+
+def get_parameter_groups_with_lrs(model: nn.Module, lr: float, include_names: bool = False,
+                                  freeze_modules: Iterable[str] = ()) -> List[Dict[str, Any]]:
+    """Group parameters by effective learning rate: ``lr`` times the product of the ``lr_scale`` attributes of
+    every module on the parameter's path (icefall/utils.py ``get_parameter_groups_with_lrs``).
+
+    Returns ``[{"params": [...], "lr": lr_eff, ("names": [...])}, ...]``; ``freeze_modules`` names top-level
+    children whose parameters are left out.
+    """
+    frozen = set(freeze_modules)
+    modules = dict(model.named_modules())
+    groups: Dict[float, Dict[str, Any]] = {}
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        if parts[0] in frozen or not p.requires_grad:
+            continue
+        scale = float(getattr(model, "lr_scale", 1.0))
+        for i in range(1, len(parts)):
+            m = modules.get(".".join(parts[:i]))
+            if m is not None:
+                scale *= float(getattr(m, "lr_scale", 1.0))
+        eff = lr * scale
+        grp = groups.setdefault(eff, {"params": [], "lr": eff, "names": []})
+        grp["params"].append(p)
+        grp["names"].append(name)
+    out = list(groups.values())
+    if not include_names:
+        for g in out:
+            del g["names"]
+    return out

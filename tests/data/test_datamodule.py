@@ -1,0 +1,124 @@
+"""Batches from the datamodule: contents, ordering, max_duration, resume, SpecAugment, duration filter."""
+
+import logging
+
+import pytest
+import torch
+
+from asrprec.data.datamodule import AsrDataModule, DataConfig, SpecAugmentConfig
+
+from .conftest import needs_espeak
+
+
+def _all(loader):
+    return list(loader)
+
+
+@needs_espeak
+def test_batch_contents_order_and_max_duration(tiny_fbank):
+    _, cuts = tiny_fbank
+    train = cuts["train"]
+    by_id = {c.id: c for c in train}
+    dm = AsrDataModule(DataConfig(max_duration=6.0, num_buckets=2, spec_augment=False, min_cut_s=0.0))
+    batches = _all(dm.train_dataloader(train))
+    seen = []
+    for b in batches:
+        assert set(b) == {"features", "feature_lens", "texts", "cut_ids"}
+        x, lens = b["features"], b["feature_lens"]
+        assert x.dtype == torch.float32 and x.ndim == 3 and x.shape[2] == 80
+        assert lens.dtype == torch.int64 and lens.shape == (x.shape[0],) and int(lens.max()) == x.shape[1]
+        assert len(b["texts"]) == len(b["cut_ids"]) == x.shape[0]
+        durations = [by_id[i].duration for i in b["cut_ids"]]
+        assert durations == sorted(durations, reverse=True)  # longest first
+        assert sum(durations) <= 6.0 + 1e-6 or len(durations) == 1
+        for row, cid in enumerate(b["cut_ids"]):
+            cut = by_id[cid]
+            assert b["texts"][row] == cut.supervisions[0].text
+            assert int(lens[row]) == cut.num_frames
+            assert torch.equal(x[row, : cut.num_frames], torch.from_numpy(cut.load_features()))
+            assert torch.all(x[row, cut.num_frames :] == 0)
+        seen += b["cut_ids"]
+    assert sorted(seen) == sorted(train.ids)  # one epoch covers every cut once
+
+
+@needs_espeak
+def test_valid_loader_is_unshuffled_and_complete(tiny_fbank):
+    _, cuts = tiny_fbank
+    dm = AsrDataModule(DataConfig(max_duration=5.0, num_buckets=1))
+    a = [b["cut_ids"] for b in dm.valid_dataloader(cuts["dev"])]
+    b = [b["cut_ids"] for b in dm.test_dataloader(cuts["dev"])]
+    assert a == b and sorted(sum(a, [])) == sorted(cuts["dev"].ids)
+
+
+@needs_espeak
+def test_sampler_state_round_trip(tiny_fbank):
+    _, cuts = tiny_fbank
+    cfg = DataConfig(max_duration=4.0, num_buckets=2, seed=3, min_cut_s=0.0, spec_augment=False)
+    dm = AsrDataModule(cfg)
+    loader = dm.train_dataloader(cuts["train"])
+    loader.sampler.set_epoch(1)
+    it = iter(loader)
+    first = [next(it)["cut_ids"] for _ in range(2)]
+    state = dm.sampler_state_dict()
+    rest = [b["cut_ids"] for b in it]
+    assert rest, "the test needs more than two batches"
+    resumed = AsrDataModule(cfg).train_dataloader(cuts["train"], sampler_state=state)
+    assert [b["cut_ids"] for b in resumed] == rest
+    # the full epoch is the concatenation
+    full = AsrDataModule(cfg).train_dataloader(cuts["train"])
+    full.sampler.set_epoch(1)
+    assert [b["cut_ids"] for b in full] == first + rest
+
+
+@needs_espeak
+def test_spec_augment_only_in_training(tiny_fbank):
+    _, cuts = tiny_fbank
+    train = cuts["train"]
+    by_id = {c.id: torch.from_numpy(c.load_features()) for c in train}
+    aug = SpecAugmentConfig(p=1.0, num_frame_masks=2, frames_mask_size=20, num_feature_masks=2, features_mask_size=10)
+    dm = AsrDataModule(DataConfig(max_duration=100.0, num_buckets=1, spec_augment=True, spec_augment_config=aug, min_cut_s=0.0))
+    torch.manual_seed(0)
+    changed = 0
+    for b in dm.train_dataloader(train):
+        for row, cid in enumerate(b["cut_ids"]):
+            n = int(b["feature_lens"][row])
+            changed += not torch.equal(b["features"][row, :n], by_id[cid])
+            assert torch.all(b["features"][row, n:] == 0)  # masks stay inside the valid frames
+    assert changed == len(train)
+    for b in dm.valid_dataloader(train):
+        for row, cid in enumerate(b["cut_ids"]):
+            assert torch.equal(b["features"][row, : int(b["feature_lens"][row])], by_id[cid])
+
+
+@needs_espeak
+def test_duration_filter_logs_drops(tiny_fbank, caplog):
+    _, cuts = tiny_fbank
+    durations = sorted(c.duration for c in cuts["train"])
+    threshold = durations[2] + 1e-3  # drops the three shortest
+    dm = AsrDataModule(DataConfig(max_duration=100.0, min_cut_s=threshold, spec_augment=False))
+    with caplog.at_level(logging.WARNING):
+        ids = sum((b["cut_ids"] for b in dm.train_dataloader(cuts["train"])), [])
+    assert len(ids) == len(cuts["train"]) - 3
+    assert "dropped 3 of 12 cuts" in caplog.text
+
+
+@needs_espeak
+def test_on_the_fly_features_and_missing_features_error(tiny_corpus):
+    _, cuts = tiny_corpus  # no precomputed features
+    dm = AsrDataModule(DataConfig(max_duration=100.0, on_the_fly_feats=True, spec_augment=False))
+    batches = list(dm.valid_dataloader(cuts["dev"]))
+    assert sum(b["features"].shape[0] for b in batches) == len(cuts["dev"])
+    assert all(b["features"].dtype == torch.float32 and b["features"].shape[2] == 80 for b in batches)
+    with pytest.raises(ValueError, match="no precomputed features"):
+        next(iter(AsrDataModule(DataConfig(max_duration=100.0)).valid_dataloader(cuts["dev"])))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="unknown DataConfig keys"):
+        DataConfig.from_dict({"max_duration": 10, "maxduration": 5})
+    cfg = DataConfig.from_dict({"max_duration": 10, "spec_augment_config": {"num_frame_masks": 3}})
+    assert cfg.spec_augment_config.num_frame_masks == 3
+    with pytest.raises(ValueError, match="unknown SpecAugmentConfig keys"):
+        DataConfig.from_dict({"spec_augment_config": {"frames": 3}})
+    with pytest.raises(ValueError, match="max_duration"):
+        DataConfig(max_duration=0)

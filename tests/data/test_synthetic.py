@@ -1,0 +1,150 @@
+"""The espeak-ng corpus generator: determinism, disjoint speakers, valid manifests, errors."""
+
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asrprec.data import synthetic
+from asrprec.data.synthetic import WORDS, CorpusConfig, generate_corpus, plan_corpus, random_text, speaker_split
+
+from .conftest import TINY, needs_espeak
+
+
+def _audio_by_id(cuts):
+    return {c.id: (c.supervisions[0].text, c.load_audio()) for split in cuts.values() for c in split}
+
+
+@needs_espeak
+def test_same_seed_same_audio_in_fresh_processes(tiny_corpus, tmp_path):
+    # The fixture used 2 workers; 1 worker must give bit-identical audio (shards run in fresh processes).
+    out_a, cuts_a = tiny_corpus
+    cuts_b = generate_corpus(tmp_path, num_workers=1, **TINY)
+    a, b = _audio_by_id(cuts_a), _audio_by_id(cuts_b)
+    assert a.keys() == b.keys()
+    for cid in a:
+        assert a[cid][0] == b[cid][0]
+        assert a[cid][1].shape == b[cid][1].shape and np.array_equal(a[cid][1], b[cid][1]), cid
+    for split, split_cuts in cuts_a.items():
+        for cut in split_cuts:
+            name = f"{cut.id}.flac"
+            assert (out_a / "audio" / split / name).read_bytes() == (tmp_path / "audio" / split / name).read_bytes()
+
+
+@needs_espeak
+def test_different_seed_differs(tiny_corpus, tmp_path):
+    _, cuts_a = tiny_corpus
+    cuts_c = generate_corpus(tmp_path, num_workers=2, **{**TINY, "seed": 1})
+    texts_a = [c.supervisions[0].text for c in cuts_a["train"]]
+    texts_c = [c.supervisions[0].text for c in cuts_c["train"]]
+    assert texts_a != texts_c
+    assert [c.id for c in cuts_a["train"]] != [c.id for c in cuts_c["train"]]
+
+
+@needs_espeak
+def test_manifests_are_valid_16k_with_sensible_durations(tiny_corpus):
+    from lhotse.qa import validate
+
+    out, cuts = tiny_corpus
+    assert {k: len(v) for k, v in cuts.items()} == {"train": 12, "dev": 4, "test": 4}
+    for split, split_cuts in cuts.items():
+        validate(split_cuts, read_data=True)
+        for cut in split_cuts:
+            info = sf.info(cut.recording.sources[0].source)
+            assert info.samplerate == 16000 and cut.sampling_rate == 16000
+            assert info.frames == cut.recording.num_samples
+            assert 0.4 < cut.duration < 4.5, (cut.id, cut.duration)
+            text = cut.supervisions[0].text
+            assert text and set(text.split()) <= set(WORDS)
+            audio = cut.load_audio()
+            assert 0.0 < np.abs(audio).max() <= 1.0
+            assert cut.id.startswith(split)
+    # reloading from disk gives the same manifests
+    reloaded = synthetic.load_corpus(out)
+    assert [c.id for c in reloaded["dev"]] == [c.id for c in cuts["dev"]]
+
+
+@needs_espeak
+def test_speakers_disjoint_between_splits(tiny_corpus):
+    _, cuts = tiny_corpus
+    spk = {s: {c.supervisions[0].speaker for c in v} for s, v in cuts.items()}
+    assert not (spk["train"] & spk["dev"]) and not (spk["train"] & spk["test"]) and not (spk["dev"] & spk["test"])
+    # and for the default configuration's full speaker lists
+    split = speaker_split(0, 20, 20)
+    sets = {k: set(v) for k, v in split.items()}
+    assert len(sets["dev"]) == 20 and len(sets["test"]) == 20
+    assert not (sets["train"] & sets["dev"]) and not (sets["train"] & sets["test"]) and not (sets["dev"] & sets["test"])
+    assert sum(len(v) for v in sets.values()) == len(synthetic.ACCENTS) * len(synthetic.VARIANTS)
+
+
+@needs_espeak
+def test_idempotent_and_regenerates_on_config_change(tiny_corpus, monkeypatch, tmp_path):
+    out, cuts = tiny_corpus
+    calls = []
+    monkeypatch.setattr(synthetic, "_synthesize_all", lambda *a, **k: calls.append(1) or {})
+    again = generate_corpus(out, num_workers=2, **TINY)
+    assert calls == [] and [c.id for c in again["train"]] == [c.id for c in cuts["train"]]
+    # a different configuration in a folder we made must regenerate (caught by the patched synthesiser)
+    (tmp_path / "corpus.json").write_text(json.dumps({**CorpusConfig().to_json(), "seed": 99}))
+    with pytest.raises(KeyError):  # the patched synthesiser returned no audio lengths
+        generate_corpus(tmp_path, num_workers=2, **TINY)
+    assert calls == [1]
+
+
+def test_missing_espeak_gives_install_hint(monkeypatch, tmp_path):
+    import importlib
+
+    from asrprec import _optional
+
+    real = importlib.import_module
+
+    def fake(name, *a, **k):
+        if name.split(".")[0] == "espeakng_loader":
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(_optional.importlib, "import_module", fake)
+    with pytest.raises(ImportError, match=r"pip install 'asrprec\[synth\]'"):
+        generate_corpus(tmp_path, num_train=2, num_dev=1, num_test=1)
+    from asrprec.data.espeak import Espeak
+
+    monkeypatch.setattr(Espeak, "_instance", None)
+    with pytest.raises(ImportError, match=r"asrprec\[synth\]"):
+        Espeak.get()
+
+
+def test_bad_arguments_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="num_workers"):
+        generate_corpus(tmp_path, num_workers=0)
+    with pytest.raises(TypeError, match="unknown options"):
+        generate_corpus(tmp_path, bogus=1)
+    with pytest.raises(ValueError, match="snr_db"):
+        CorpusConfig(snr_db=(20.0, 10.0))
+
+
+def test_text_generator_uses_words_and_articles():
+    rng = np.random.default_rng(0)
+    cfg = CorpusConfig()
+    texts = [random_text(rng, cfg) for _ in range(2000)]
+    digits = [t for t in texts if t.split()[0] in synthetic.DIGITS]
+    assert 0.4 < len(digits) / len(texts) < 0.6
+    assert all(cfg.min_digits <= len(t.split()) <= cfg.max_digits for t in digits)
+    for t in texts:
+        w = t.split()
+        assert set(w) <= set(WORDS) and not any(ch.isdigit() for ch in t)  # words, never numerals
+        for a, b in zip(w, w[1:]):
+            if a == "A":
+                assert b[0] not in "AEIOU", t
+            if a == "AN":
+                assert b[0] in "AEIOU", t
+
+
+def test_plan_is_deterministic_and_splits_speakers():
+    cfg = CorpusConfig(num_train=50, num_dev=10, num_test=10, snr_db=(5.0, 15.0), reverb_prob=0.5)
+    p1, p2 = plan_corpus(cfg), plan_corpus(cfg)
+    assert p1 == p2
+    assert plan_corpus(CorpusConfig(num_train=50, num_dev=10, num_test=10, seed=3)) != p1
+    snrs = [s["snr_db"] for s in p1]
+    assert all(5.0 <= x <= 15.0 for x in snrs)
+    assert 0 < sum(s["rt60_s"] is not None for s in p1) < len(p1)

@@ -1,0 +1,66 @@
+"""The embedded recipe end to end at toy size: prepare → train a few batches → decode both ways.
+
+The full-size run (README's numbers) is ``bash recipes/espeak/run.sh``; the slow test below runs it
+with fewer epochs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "espeak"
+
+pytest.importorskip("espeakng_loader", reason="pip install 'asrprec[synth]'")
+
+
+def run(*args, cwd=ROOT):
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, f"{args[0]} failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    return p.stdout + p.stderr
+
+
+def test_train_help_lists_the_four_policies():
+    out = run(RECIPE / "train.py", "--help")
+    for name in ("fp32", "amp-fp16", "amp-bf16", "bf16"):
+        assert name in out
+
+
+@pytest.mark.parametrize("precision", ["bf16"])
+def test_recipe_smoke(tmp_path, precision):
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    run(RECIPE / "prepare.py", "--data-dir", data, "--num-train", 40, "--num-dev", 8, "--num-test", 8,
+        "--vocab-size", 40)
+    assert (data / "bpe.model").is_file()
+    run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--precision", precision, "--num-epochs", 2,
+        "--max-batches-per-epoch", 2, "--max-duration", 20, "--no-progress-bar")
+    assert (exp / "epoch-1.pt").is_file() and (exp / "epoch-2.pt").is_file()
+    assert (exp / "tensorboard").is_dir()
+    log = (exp / "train.log").read_text()
+    assert "precision: policy=bf16" in log and "optimizer_update=fp32 master weights" in log
+    for method in ("greedy_search", "modified_beam_search"):
+        out = run(RECIPE / "decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--avg", 2,
+                  "--precision", precision, "--decoding-method", method, "--splits", "test")
+        assert "test: WER" in out
+    summaries = list(exp.glob("wer-summary-*.json"))
+    assert len(summaries) == 2
+    for s in summaries:
+        wer = json.loads(s.read_text())["test"]["wer"]
+        assert 0.0 <= wer  # a 4-batch model is not expected to be accurate, only to run
+    assert list(exp.glob("errs-test-greedy_search-*.txt")) and list(exp.glob("recogs-test-*.txt"))
+
+
+@pytest.mark.slow
+def test_recipe_end_to_end_reaches_low_wer(tmp_path):
+    """A shortened real run: must learn (WER well below 100 %)."""
+    exp = tmp_path / "exp"
+    run(RECIPE / "prepare.py")
+    run(RECIPE / "train.py", "--exp-dir", exp, "--num-epochs", 3, "--no-progress-bar")
+    run(RECIPE / "decode.py", "--exp-dir", exp, "--epoch", 3, "--avg", 1, "--splits", "test")
+    wer = json.loads(next(exp.glob("wer-summary-*.json")).read_text())["test"]["wer"]
+    assert wer < 50.0
