@@ -5,7 +5,8 @@
     ... --out benchmarks/RESULTS.md                                          # append the table
 
 Time: median of ``--repeats`` fwd+bwd runs after one warm-up (the torchaudio peer may use fewer,
-``--peer-repeats``, because it is slow on CPU; the row says how many). Memory:
+``--peer-repeats``, because it is slow on CPU; the row says how many). Backend and peer runs
+alternate, so that on a shared machine the speed-up compares times taken under the same load. Memory:
 * CUDA: ``torch.cuda.max_memory_allocated()`` during fwd+bwd minus the bytes allocated before
   (inputs and their .grad excluded by resetting the peak after a first warm-up).
 * CPU: each (backend, dtype, shape) runs in a fresh subprocess; the peak-RSS mark (VmHWM) is reset
@@ -52,17 +53,27 @@ def fwd_bwd(backend, x, tg, tl, ul):
     return loss.item()
 
 
-def time_it(backend, shape, dtype, device, repeats):
+def time_it(backend, shape, dtype, device, repeats, peer=None, peer_repeats=0):
+    """Median fwd+bwd seconds of ``backend`` (and of ``peer`` if given), the CUDA peak and the logits' bytes.
+
+    With a peer, the two are timed in alternation (backend, peer, backend, peer, ...; the surplus
+    repeats of either at the end), so that on a shared machine both medians see the same load and
+    their ratio is meaningful even when the absolute times drift.
+    """
     x, tg, tl, ul = make_inputs(shape, dtype, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    fwd_bwd(backend, x, tg, tl, ul)  # warm-up (compilation)
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fwd_bwd(backend, x, tg, tl, ul)
-        sync()
-        times.append(time.perf_counter() - t0)
+    todo = [(backend, repeats)] + ([(peer, peer_repeats)] if peer else [])
+    for be, _ in todo:
+        fwd_bwd(be, x, tg, tl, ul)  # warm-up (compilation)
+    times = {be: [] for be, _ in todo}
+    for i in range(max(n for _, n in todo)):
+        for be, n in todo:
+            if i < n:
+                sync()
+                t0 = time.perf_counter()
+                fwd_bwd(be, x, tg, tl, ul)
+                sync()
+                times[be].append(time.perf_counter() - t0)
     mem = None
     if device == "cuda":
         torch.cuda.synchronize()
@@ -71,7 +82,8 @@ def time_it(backend, shape, dtype, device, repeats):
         fwd_bwd(backend, x, tg, tl, ul)
         torch.cuda.synchronize()
         mem = torch.cuda.max_memory_allocated() - base
-    return statistics.median(times), mem, x.numel() * x.element_size()
+    peer_t = statistics.median(times[peer]) if peer else None
+    return statistics.median(times[backend]), mem, x.numel() * x.element_size(), peer_t
 
 
 def _rss_bytes() -> int:
@@ -149,17 +161,12 @@ def main() -> None:
     print(hdr)
     print("|" + "---|" * 8)
     for shape in shapes:
-        peer = {}
         for dname in args.dtypes.split(","):
             dtype = DTYPES[dname]
-            peer_ms = None
-            if have_ta and dname in ("fp32", "fp16"):
-                if dname not in peer:
-                    t, _, _ = time_it("torchaudio", shape, dtype, args.device, args.peer_repeats)
-                    peer[dname] = t * 1e3
-                peer_ms = peer[dname]
+            peer = "torchaudio" if have_ta and dname in ("fp32", "fp16") else None
             for be in backends:
-                t, mem, nbytes = time_it(be, shape, dtype, args.device, args.repeats)
+                t, mem, nbytes, peer_t = time_it(be, shape, dtype, args.device, args.repeats, peer, args.peer_repeats)
+                peer_ms = None if peer_t is None else peer_t * 1e3
                 if mem is None and args.device == "cpu" and not args.no_mem:
                     mem = cpu_memory(be, shape, dname, args.threads)
                 ms = t * 1e3

@@ -29,8 +29,8 @@ cell (T_b-1, U_b): exp(α+lb-ll)) and γ_label = exp(α(t,u)+ly(t,u)+β(t,u+1)-l
 clips g to [-clamp, clamp]. Backward multiplies the kept buffer in place by grad_output.
 
 fp16 and bf16 logits are read as raw uint16 bits (numba has no float16/bfloat16 on CPU):
-fp16 through a 65536-entry fp32 lookup table, bf16 by a 16-bit shift; the gradient is rounded
-back to the logits' dtype with round-to-nearest-even. All arithmetic is fp32 (exp/softmax rows and
+fp16 through LLVM's half<->float conversions (F16C instructions where the CPU has them), bf16 by a
+16-bit shift; the gradient is rounded back to the logits' dtype with round-to-nearest-even. All arithmetic is fp32 (exp/softmax rows and
 their sums, vectorised so each lane sums ~V/32 terms) or float64 (log-denominators, α, β, posteriors); fp64 logits are handled in fp64 throughout.
 """
 
@@ -47,7 +47,6 @@ from numba.core import types
 from numba.extending import intrinsic, overload
 
 _KIND_NATIVE, _KIND_F16, _KIND_BF16 = 0, 1, 2
-_f16_lut = None
 
 
 # reassociation lets the row reductions vectorise; no 'nnan'/'ninf' so ±inf logits stay correct
@@ -122,32 +121,30 @@ def exp32_nonpos(x):
     return x if x != x else y
 
 
-@njit(inline="always")
-def f32_to_f16_bits(f, u):  # f: float32 value, u: the same value's uint32 bits
-    # round-to-nearest-even fp32 -> IEEE half, written after the classic bit algorithm
-    sign = (u >> 16) & 0x8000
-    e = u & 0x7F800000
-    m = u & 0x007FFFFF
-    if e >= 0x47800000:  # overflow, inf or nan
-        if e == 0x7F800000 and m != 0:
-            return sign | 0x7E00
-        return sign | 0x7C00
-    if e <= 0x38000000:  # half subnormal or zero
-        if e < 0x33000000:
-            return sign
-        sh = 126 - (e >> 23)  # half subnormals count units of 2^-24
-        m = m | 0x00800000
-        rest = m & ((1 << sh) - 1)
-        hm = m >> sh
-        half = 1 << (sh - 1)
-        if rest > half or (rest == half and (hm & 1) == 1):
-            hm += 1
-        return sign | hm
-    hm = ((e - 0x38000000) >> 13) + (m >> 13)  # exponent and mantissa; a carry rolls into the exponent
-    rest = m & 0x1FFF
-    if rest > 0x1000 or (rest == 0x1000 and (hm & 1) == 1):
-        hm += 1
-    return sign | hm
+@intrinsic
+def half_bits_to_f32(typingctx, h):
+    """IEEE half bits (uint16) -> float32, exact: LLVM's fpext half->float (one vcvtph2ps per 8 lanes
+    with F16C, a library call without it)."""
+    if not (isinstance(h, types.Integer) and h.bitwidth == 16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(h), codegen
+
+
+@intrinsic
+def f32_to_f16_bits(typingctx, f):
+    """float32 -> IEEE half bits (uint16), round-to-nearest-even (LLVM fptrunc; vcvtps2ph with F16C)."""
+    if f != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(f), codegen
+
 
 @njit(inline="always")
 def f32_to_bf16_bits(u):
@@ -156,14 +153,14 @@ def f32_to_bf16_bits(u):
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
 
 @njit(inline="always")
-def load_row(x, b, t, u, kind, lut, row, ubuf, fbuf):
+def load_row(x, b, t, u, kind, row, ubuf, fbuf):
     V = row.shape[0]
     if kind == 0:
         for v in range(V):
             row[v] = x[b, t, u, v]
     elif kind == 1:
         for v in range(V):
-            row[v] = lut[np.intp(x[b, t, u, v])]
+            row[v] = half_bits_to_f32(x[b, t, u, v])
     else:
         for v in range(V):
             ubuf[v] = np.uint32(x[b, t, u, v]) << 16
@@ -274,7 +271,7 @@ def native_denominators(x, targets, tlens, ulens, blank, lse, sums, lb, ly, out,
 
 
 @njit(parallel=True, cache=True)
-def half_denominators(x, kind, lut, targets, tlens, ulens, blank, lse, sums, lb, ly):
+def half_denominators(x, kind, targets, tlens, ulens, blank, lse, sums, lb, ly):
     """Pass 1 for fp16/bf16 (uint16 bits) logits: each row is decoded to fp32 once."""
     B, T, U1, V = x.shape
     for r in prange(B * T):
@@ -286,7 +283,7 @@ def half_denominators(x, kind, lut, targets, tlens, ulens, blank, lse, sums, lb,
             ubuf = fbuf.view(np.uint32)
             none = np.empty(0, np.float32)
             for u in range(ulens[b] + 1):
-                load_row(x, b, t, u, kind, lut, row, ubuf, fbuf)
+                load_row(x, b, t, u, kind, row, ubuf, fbuf)
                 cell_stats(row, none, b, t, u, targets, ulens, blank, lse, sums, lb, ly)
 
 
@@ -383,7 +380,7 @@ def exp_shift(row, shift):
 
 
 @njit(parallel=True, cache=True)
-def half_gradient(x, kind, lut, targets, tlens, ulens, blank, lse, lb, ly, alpha, beta, ll, lam, clamp, out):
+def half_gradient(x, kind, targets, tlens, ulens, blank, lse, lb, ly, alpha, beta, ll, lam, clamp, out):
     """Pass 3 for fp16/bf16: the output buffer is 16-bit, too coarse to keep exp(z - max) in, so the
     row is decoded again and softmax·c = exp(z - lse + log c) recomputed (one fp32 exp per element)."""
     B, T, U1, V = x.shape
@@ -401,7 +398,7 @@ def half_gradient(x, kind, lut, targets, tlens, ulens, blank, lse, lb, ly, alpha
                 for v in range(V):
                     out[b, t, u, v] = 0
                 continue
-            load_row(x, b, t, u, kind, lut, row, ubuf, fbuf)
+            load_row(x, b, t, u, kind, row, ubuf, fbuf)
             gb, gl = posteriors(b, t, u, Tb, Ub, lb, ly, alpha, beta, ll, lam)
             c = gb + gl
             shift = _F(math.log(c) - lse[b, t, u]) if c > 0.0 else -_INF
@@ -409,7 +406,7 @@ def half_gradient(x, kind, lut, targets, tlens, ulens, blank, lse, lb, ly, alpha
             finish_row(row, 1.0, blank, gb, targets[b, u] if u < Ub else -1, gl, clamp)
             if kind == 1:
                 for v in range(V):
-                    out[b, t, u, v] = f32_to_f16_bits(row[v], rbits[v])
+                    out[b, t, u, v] = f32_to_f16_bits(row[v])
             else:
                 for v in range(V):
                     out[b, t, u, v] = f32_to_bf16_bits(rbits[v])
@@ -419,7 +416,7 @@ def half_gradient(x, kind, lut, targets, tlens, ulens, blank, lse, lb, ly, alpha
 def to_half_bits(f, out):  # for tests: fp32 array -> fp16 / bf16 bits
     u = f.view(np.uint32)
     for i in prange(f.size):
-        out[0, i] = f32_to_f16_bits(f[i], u[i])
+        out[0, i] = f32_to_f16_bits(f[i])
         out[1, i] = f32_to_bf16_bits(u[i])
 
 _KERNELS = {
@@ -436,13 +433,6 @@ _KERNELS = {
 
 def _get_kernels():
     return _KERNELS
-
-
-def _lut() -> np.ndarray:
-    global _f16_lut
-    if _f16_lut is None:
-        _f16_lut = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-    return _f16_lut
 
 
 def _as_numpy(x: torch.Tensor) -> tuple[np.ndarray, int]:
@@ -504,7 +494,7 @@ def numba_cpu_forward(
     if kind == _KIND_NATIVE:
         k["native_denominators"](xa, tg, tl, ul, blank, *wa, ga, need_grad)
     else:
-        k["half_denominators"](xa, kind, _lut(), tg, tl, ul, blank, *wa)
+        k["half_denominators"](xa, kind, tg, tl, ul, blank, *wa)
     k["alphas_betas"](lb.numpy(), ly.numpy(), tl, ul, alpha.numpy(), beta.numpy(), ll.numpy(), need_grad)
     if need_grad:
         c = -1.0 if clamp is None else float(clamp)
@@ -513,7 +503,7 @@ def numba_cpu_forward(
         if kind == _KIND_NATIVE:
             k["native_gradient"](tg, tl, ul, blank, wa[1], wa[2], wa[3], *ab)
         else:
-            k["half_gradient"](xa, kind, _lut(), tg, tl, ul, blank, wa[0], wa[2], wa[3], *ab)
+            k["half_gradient"](xa, kind, tg, tl, ul, blank, wa[0], wa[2], wa[3], *ab)
     return -(1.0 + fastemit_lambda) * ll, grad
 
 

@@ -115,7 +115,11 @@ class Conv2dSubsampling(nn.Module):
 
     def forward(self, x: Tensor, x_lens: Tensor) -> Tuple[Tensor, Tensor]:
         """x: (B, T, F) float; x_lens: (B,) int. Returns ((B, (T-7)//2, D), (B,) lengths (x_lens-7)//2)."""
-        x = self.conv(x.unsqueeze(1))  # (B, C, (T-7)//2, F')
+        # channels-last from the first conv's output on (cheap at 8 channels): the later convs then produce
+        # channels-last outputs, which the ConvNeXt wants (see there) and which makes the flatten below free.
+        x = self.conv[0](x.unsqueeze(1)).contiguous(memory_format=torch.channels_last)
+        for layer in self.conv[1:]:
+            x = layer(x)  # ends (B, C, (T-7)//2, F') with channels-last strides
         out_lens = torch.div(x_lens - 7, 2, rounding_mode="floor")
         t = x.shape[2]
         valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)  # (B, T')
@@ -123,6 +127,9 @@ class Conv2dSubsampling(nn.Module):
             x = x * valid[:, None, :, None].to(x.dtype)
         x = self.convnext(x)
         b, c, t, f = x.shape
-        x = self.out(x.transpose(1, 2).reshape(b, t, c * f))
+        # icefall flattens (B, T, C, F'); equivalently flatten the channels-last order (B, T, F', C) and permute
+        # the (small) weight's input dim to match, avoiding a copy of the activations.
+        w = self.out.weight.view(-1, c, f).transpose(1, 2).reshape(-1, f * c)
+        x = linear(x.permute(0, 2, 3, 1).reshape(b, t, f * c), w, self.out.bias)
         x = self.out_norm(self.out_whiten(x))
         return self.dropout(x), out_lens

@@ -31,7 +31,6 @@ from .scaling import (
     Whiten,
     autocast_off,
     bypass,
-    compute_dtype,
     limit_param_value,
     _up,
     whitening_schedule,
@@ -263,8 +262,8 @@ def _ds_mask(mask: Optional[Tensor], ds: int) -> Optional[Tensor]:
 class _SimpleDownsampleFunction(torch.autograd.Function):
     """out[i] = sum_k softmax(bias)[k] * src[i*ds + k], the last frame repeated to fill the last group.
 
-    Saves only the unpadded input, in the compute dtype (a plain ``(src * w).sum()`` saves the padded copy, in
-    fp32 under autocast); it is needed only for the gradient of the ``ds`` weights. Legend: T frames, B, C.
+    Saves only the unpadded input (a plain ``(src * w).sum()`` saves a padded copy); it is needed only for the
+    gradient of the ``ds`` weights. Legend: T frames, B batch, C channels.
     """
 
     @staticmethod
@@ -276,7 +275,9 @@ class _SimpleDownsampleFunction(torch.autograd.Function):
             w = _up(bias).softmax(dim=0)
             src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
             out = (src_p.reshape(d_t, ds, b, c) * w.to(src.dtype).reshape(1, ds, 1, 1)).sum(dim=1)
-        ctx.save_for_backward(src.to(compute_dtype(src)), w)
+        # in its own dtype: the weights' gradient cancels strongly (adjacent frames are alike), so a bf16 copy
+        # would make it mostly noise
+        ctx.save_for_backward(src, w)
         ctx.ds, ctx.src_dtype, ctx.bias_dtype = ds, src.dtype, bias.dtype
         return out
 
@@ -299,8 +300,8 @@ class _SimpleDownsampleFunction(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
                 # d loss / d w_k = sum_{i,b,c} g[i] * src[i*ds + k], accumulated in fp32
-                gw = torch.einsum("ikn,in->k", _up(src_p).reshape(d_t, ds, b * c).float(),
-                                  _up(g).reshape(d_t, b * c).float())
+                acc = torch.promote_types(w.dtype, torch.float32)  # fp32 (fp64 for an fp64 model)
+                gw = torch.einsum("ikn,in->k", src_p.reshape(d_t, ds, b * c).to(acc), g.reshape(d_t, b * c).to(acc))
                 g_bias = (w * (gw - (gw * w).sum())).to(ctx.bias_dtype)  # softmax backward
         return g_src, g_bias, None
 

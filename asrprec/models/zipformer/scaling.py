@@ -204,8 +204,10 @@ class _Softmax(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         (y,) = ctx.saved_tensors
         with autocast_off(y):
-            yf, gf = _up(y), _up(g).to(_up(y).dtype)
-            gi = yf * (gf - (gf * yf).sum(dim=ctx.dim, keepdim=True))
+            yf = _up(y)
+            gf = _up(g).to(yf.dtype)
+            # y * (g - sum(g * y)), as one fused kernel
+            gi = torch._softmax_backward_data(gf, yf, ctx.dim, yf.dtype)
         return gi.to(ctx.in_dtype), None
 
 
@@ -227,12 +229,14 @@ _SWOOSH = {"SwooshL": (4.0, 0.035), "SwooshR": (1.0, 0.313261687)}
 _DERIV_MIN = -0.08
 
 
-def _swoosh_fp32(xf: Tensor, kind: str) -> Tensor:
-    # softplus(z) - 0.08 z - (const + 0.08 offset) with z = x - offset: 4 passes (2 in place), no x-sized temporaries
-    # beyond z and the result.
+def _swoosh_from_z(z: Tensor, kind: str) -> Tensor:
+    # with z = x - offset: swoosh = softplus(z) - 0.08 z - (const + 0.08 offset); two of the passes in place
     offset, const = _SWOOSH[kind]
-    z = xf - offset
     return F.softplus(z).sub_(z, alpha=0.08).sub_(const + 0.08 * offset)
+
+
+def _swoosh_fp32(xf: Tensor, kind: str) -> Tensor:
+    return _swoosh_from_z(xf - _SWOOSH[kind][0], kind)
 
 
 def _swoosh_deriv_fp32(xf: Tensor, kind: str) -> Tensor:
@@ -317,14 +321,14 @@ class _ActDropLinear(torch.autograd.Function):
         cdtype = ctx.cdtype
         gx = gw = gb = None
         with autocast_off(x):
-            xf = _up(x)
-            d = _swoosh_deriv_fp32(xf, ctx.kind)
+            z = _up(x) - _SWOOSH[ctx.kind][0]  # shared by the derivative and the recomputed activation
+            d = torch.sigmoid(z).sub_(0.08)
             if mask is not None:
                 d = d * mask
             g = g.to(cdtype)
             g2 = g.reshape(-1, g.shape[-1])
             if ctx.needs_input_grad[1]:
-                y = _swoosh_fp32(xf, ctx.kind)
+                y = _swoosh_from_z(z, ctx.kind)
                 if mask is not None:
                     y = y * mask
                 y = y.to(cdtype)
@@ -332,7 +336,7 @@ class _ActDropLinear(torch.autograd.Function):
             if bias is not None and ctx.needs_input_grad[2]:
                 gb = _up(g2).sum(dim=0).to(bias.dtype)
             if ctx.needs_input_grad[0]:
-                gx = (_up(g @ weight.to(cdtype)) * d).to(x.dtype)
+                gx = d.mul_(g @ weight.to(cdtype)).to(x.dtype)
         return gx, gw, gb, None, None, None
 
 

@@ -1,0 +1,90 @@
+"""The training loop end to end on an in-memory dataset: checkpoints, resume, tensorboard, averaging."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from asrprec.checkpoint import average_checkpoints, find_epoch_checkpoints
+from asrprec.models import Decoder, Joiner, Transducer
+from asrprec.precision import get_policy
+from asrprec.training import TrainConfig, train
+
+
+class LinearEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(80, 16)
+        self.output_dim = 16
+
+    def forward(self, x, lens):
+        return torch.tanh(self.proj(x[:, ::2])), (lens + 1) // 2
+
+
+class Tok:
+    blank_id, vocab_size = 0, 6
+
+    def encode(self, texts):
+        return [[1 + "abcde".index(c) for c in t] for t in texts]
+
+
+def make_model():
+    torch.manual_seed(0)
+    return Transducer(LinearEncoder(), Decoder(6, 16), Joiner(16, 16, 16, 6))
+
+
+def loader(n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    texts = ["abc", "de", "ea", "bcd", "a", "ed"]
+    return [{"features": torch.randn(2, 30, 80, generator=g), "feature_lens": torch.tensor([30, 24]),
+             "texts": [texts[(2 * i) % 6], texts[(2 * i + 1) % 6]], "cut_ids": [f"{i}a", f"{i}b"]}
+            for i in range(n)]
+
+
+def cfg(tmp_path, **kw):
+    return TrainConfig(exp_dir=str(tmp_path), optimizer="adamw", base_lr=3e-3, lr_batches=100, lr_epochs=2,
+                       warmup_batches=2, log_interval=1, progress_bar=False, **kw)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-fp16", "bf16"])
+def test_resume_equals_uninterrupted(tmp_path, precision):
+    policy = get_policy(precision, "cpu")
+    a, b = tmp_path / "a", tmp_path / "b"
+    state = train(model=make_model(), policy=policy, tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
+                  cfg=cfg(a, num_epochs=3))
+    assert [h["epoch"] for h in state.history] == [1, 2, 3]
+    train(model=make_model(), policy=policy, tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
+          cfg=cfg(b, num_epochs=2))
+    resumed = make_model()
+    state_b = train(model=resumed, policy=policy, tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
+                    cfg=cfg(b, num_epochs=3, start_epoch=3))
+    assert state_b.batch_idx_train == state.batch_idx_train == 12
+    full = torch.load(a / "epoch-3.pt", weights_only=False)["model"]
+    res = torch.load(b / "epoch-3.pt", weights_only=False)["model"]
+    for k in full:
+        assert torch.equal(full[k], res[k]), k
+    assert math.isclose(state.history[-1]["valid_loss"], state_b.history[-1]["valid_loss"], rel_tol=1e-6)
+
+
+def test_training_learns_and_writes_artifacts(tmp_path):
+    state = train(model=make_model(), policy=get_policy("amp-bf16"), tokenizer=Tok(), train_dl=loader(),
+                  valid_dl=loader(2, 0), cfg=cfg(tmp_path, num_epochs=6))
+    losses = [h["train_loss"] for h in state.history]
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert (tmp_path / "tensorboard").is_dir() and list((tmp_path / "tensorboard").iterdir())
+    ck = torch.load(tmp_path / "epoch-6.pt", weights_only=False)
+    assert "policy" in ck and "amp-bf16" in str(ck["policy"])
+    paths = find_epoch_checkpoints(tmp_path, 6, 3)
+    avg = average_checkpoints(paths)
+    w = [torch.load(p, weights_only=False)["model"]["joiner.output_linear.weight"] for p in paths]
+    assert torch.allclose(avg["joiner.output_linear.weight"], sum(w) / 3, atol=1e-6)
+
+
+def test_nonfinite_loss_batch_is_skipped(tmp_path, caplog):
+    data = loader()
+    data[1]["features"][0, 0, 0] = float("nan")
+    state = train(model=make_model(), policy=get_policy("fp32"), tokenizer=Tok(), train_dl=data,
+                  valid_dl=loader(2, 1), cfg=cfg(tmp_path, num_epochs=1))
+    assert "non-finite loss" in caplog.text
+    assert math.isfinite(state.history[0]["valid_loss"])
