@@ -86,7 +86,7 @@ def test_full_loss_matches_enumeration():
         logits = m.joiner(enc[b, :T, None], dec[b, None, : U + 1])
         expect += float(brute_force_loss(logits.detach(), targets[b, :U].tolist()))
     assert out["loss"].dtype == torch.float64 and out["loss"].dim() == 0
-    assert math.isclose(float(out["loss"]), expect, rel_tol=1e-9)
+    assert math.isclose(float(out["loss"].detach()), expect, rel_tol=1e-9)
 
 
 def test_loss_is_fp32_scalar_under_bf16_autocast():

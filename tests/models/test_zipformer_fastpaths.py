@@ -1,0 +1,105 @@
+"""Zipformer fast/lean paths against independent references: the autocast Linear (no saved weight copy), the
+SimpleDownsample function, the channels-last ConvNeXt and the front-end's permuted-weight flatten."""
+
+import torch
+import torch.nn.functional as F
+
+from asrprec.models.zipformer.frontend import Conv2dSubsampling, ConvNeXt
+from asrprec.models.zipformer.layers import SimpleDownsample, _SimpleDownsampleFunction
+from asrprec.models.zipformer.scaling import Linear
+
+
+def _swoosh_l_ref(x):
+    return torch.log1p(torch.exp(x - 4.0)) - 0.08 * x - 0.035
+
+
+def _saved_storages(fn):
+    """Shapes/dtypes of the storages autograd saves while running fn()."""
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype, t.untyped_storage().data_ptr()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, saved
+
+
+def test_autocast_linear_matches_autocast_and_saves_no_weight_copy():
+    torch.manual_seed(0)
+    lin = Linear(16, 8)
+    ref = torch.nn.Linear(16, 8)
+    ref.load_state_dict(lin.state_dict())
+    x = torch.randn(5, 3, 16, requires_grad=True)
+    xr = x.detach().clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, saved = _saved_storages(lambda: lin(x))
+        yr = ref(xr)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y, yr)  # same bf16 matmul
+    # only the input's bf16 copy and the fp32 parameter itself; no bf16 copy of the (8, 16) weight
+    assert not any(s[0] == (8, 16) and s[1] == torch.bfloat16 for s in saved)
+    g = torch.randn_like(y)
+    gx, gw, gb = torch.autograd.grad(y, (x, lin.weight, lin.bias), g)
+    rx, rw, rb = torch.autograd.grad(yr, (xr, ref.weight, ref.bias), g)
+    assert gx.dtype == gw.dtype == gb.dtype == torch.float32
+    torch.testing.assert_close(gx, rx, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(gw, rw, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(gb, rb, atol=1e-2, rtol=1e-2)
+    # outside autocast it is plain nn.Linear
+    torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias))
+
+
+def test_simple_downsample_against_loop_and_gradcheck():
+    torch.manual_seed(1)
+    for t, ds in [(8, 2), (7, 2), (9, 4), (5, 8)]:
+        m = SimpleDownsample(ds).double()
+        with torch.no_grad():
+            m.bias.normal_()
+        x = torch.randn(t, 2, 3, dtype=torch.float64, requires_grad=True)
+        w = m.bias.softmax(0)
+        ref = torch.stack([sum(w[k] * x[min(i * ds + k, t - 1)] for k in range(ds))
+                           for i in range((t + ds - 1) // ds)])
+        torch.testing.assert_close(m(x), ref)
+        assert torch.autograd.gradcheck(lambda a, b: _SimpleDownsampleFunction.apply(a, b, ds), (x, m.bias))
+
+
+def _convnext_ref(m, x):
+    """icefall's NCHW formulation with plain ops (eval mode: no balancer/whiten/layer skip)."""
+    h = F.conv2d(x, m.depthwise_conv.weight, m.depthwise_conv.bias, padding=m.padding, groups=x.shape[1])
+    h = F.conv2d(h, m.pointwise_conv1.weight, m.pointwise_conv1.bias)
+    h = F.conv2d(_swoosh_l_ref(h), m.pointwise_conv2.weight, m.pointwise_conv2.bias)
+    return x + h
+
+
+def test_convnext_channels_last_matches_nchw_reference():
+    torch.manual_seed(2)
+    m = ConvNeXt(8).double().eval()
+    with torch.no_grad():
+        m.pointwise_conv2.weight.normal_()  # undo the 0.01 init so the branch matters
+    x = torch.randn(2, 8, 11, 6, dtype=torch.float64, requires_grad=True)
+    y = m(x)
+    xr = x.detach().clone().requires_grad_(True)
+    yr = _convnext_ref(m, xr)
+    torch.testing.assert_close(y, yr)
+    g = torch.randn_like(yr)
+    params = [m.depthwise_conv.weight, m.pointwise_conv1.weight, m.pointwise_conv2.weight, m.pointwise_conv2.bias]
+    got = torch.autograd.grad(y, [x] + params, g)
+    want = torch.autograd.grad(yr, [xr] + params, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_frontend_flatten_matches_channel_major_flatten():
+    torch.manual_seed(3)
+    m = Conv2dSubsampling(40, 16).double().eval()
+    x = torch.randn(2, 30, 40, dtype=torch.float64)
+    lens = torch.tensor([30, 30])
+    y, _ = m(x, lens)
+    # reference: icefall's (B, T, C, F) flatten, NCHW throughout
+    h = m.conv(x.unsqueeze(1))
+    h = _convnext_ref(m.convnext, h)
+    b, c, t, f = h.shape
+    ref = m.out_norm(m.out(h.transpose(1, 2).reshape(b, t, c * f)))
+    torch.testing.assert_close(y, ref)
