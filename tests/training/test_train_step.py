@@ -50,7 +50,7 @@ def test_finite_step_every_policy(name, encoder, tmp_path):
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     changed = sum(not torch.equal(b, p.detach().float()) for b, p in zip(before, updated))
     assert changed > 0.9 * len(before), f"{name}: only {changed}/{len(before)} parameters moved"
     if name == "bf16":

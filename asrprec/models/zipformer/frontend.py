@@ -3,6 +3,8 @@
 Structure follows k2-fsa/icefall ``egs/librispeech/ASR/zipformer/subsampling.py`` (Conv2dSubsampling, ConvNeXt);
 the code is ours. Difference: the ConvNeXt input is zeroed at frames past each utterance's length, so a padded
 batch gives the same valid frames as each utterance alone (the 7x7 conv otherwise sees padding-derived values).
+Layout: channels-last from the first conv on (the CPU depthwise-conv backward is several times faster), with
+the same parameters and math as icefall's NCHW code.
 """
 
 from __future__ import annotations

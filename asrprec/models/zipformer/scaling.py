@@ -10,6 +10,8 @@ Facts follow k2-fsa/icefall ``egs/librispeech/ASR/zipformer/scaling.py``; the co
   (icefall/k2: random dither); the largest error is 1/510 of the derivative's 1.0 range.
 * The attention-score penalty stores an int8 sign mask instead of the scores.
 * BiasNorm clamps the mean square at 1e-20 (an all-zero frame would otherwise give 0 * inf = NaN).
+* :class:`Linear` (an ``nn.Linear``) saves the fp32 weight, not autocast's low-precision copy of it, and
+  re-casts it in backward (activation memory under AMP; same numerics).
 
 Scheduled values (:class:`ScheduledFloat`) follow a batch count that the training loop writes with
 :func:`set_batch_count` (or ``encoder.set_batch_count(n)``). Until it is written, every schedule returns its
