@@ -21,6 +21,14 @@ class Joiner(nn.Module):
         self.encoder_proj = nn.Linear(encoder_dim, joiner_dim)
         self.decoder_proj = nn.Linear(decoder_dim, joiner_dim)
         self.output_linear = nn.Linear(joiner_dim, vocab_size)
+        # Start the projections small so tanh starts in its linear range: otherwise the decoder (which
+        # learns the token prior fastest) saturates tanh and the encoder's gradient vanishes, leaving a
+        # model that only knows the prior. icefall uses ScaledLinear(initial_scale=0.25) for the same
+        # reason (k2-fsa/icefall egs/librispeech/ASR/zipformer/joiner.py).
+        with torch.no_grad():
+            for lin in (self.encoder_proj, self.decoder_proj):
+                lin.weight.mul_(0.25)
+                lin.bias.mul_(0.25)
         self.joiner_dim = joiner_dim
         self.vocab_size = vocab_size
 

@@ -30,9 +30,13 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-test", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-workers", type=int, default=2, help="synthesis and feature-extraction processes")
-    p.add_argument("--snr-db", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"), help="add noise at an SNR in this range")
-    p.add_argument("--reverb-prob", type=float, default=0.0, help="share of utterances given synthetic reverberation")
-    # ~7.5 BPE pieces per utterance (mostly whole words of the 48-word vocabulary) at 128.
+    # Noise and reverberation keep the task from being trivial: a tiny CTC BiGRU on one thread reached 1.1 % dev
+    # WER in 4 min on clean audio but 12.5 % with these defaults (held-out voices). --clean turns both off.
+    p.add_argument("--snr-db", type=float, nargs=2, default=(0.0, 20.0), metavar=("LOW", "HIGH"), help="noise SNR range")
+    p.add_argument("--reverb-prob", type=float, default=0.5, help="share of utterances given synthetic reverberation")
+    p.add_argument("--clean", action="store_true", help="no noise and no reverberation")
+    # ~7.5 BPE pieces per utterance (mostly whole words of the 48-word vocabulary); 128 beat 64 (1.1 vs 3.6 % WER
+    # in the same CTC check).
     p.add_argument("--vocab-size", type=int, default=128)
     p.add_argument("--force", action="store_true", help="regenerate the corpus even if it is up to date")
     return p
@@ -44,7 +48,8 @@ def main() -> None:
     start = time.perf_counter()
     cuts = generate_corpus(
         args.data_dir, num_train=args.num_train, num_dev=args.num_dev, num_test=args.num_test, seed=args.seed,
-        num_workers=args.num_workers, snr_db=args.snr_db, reverb_prob=args.reverb_prob, force=args.force,
+        num_workers=args.num_workers, snr_db=None if args.clean else args.snr_db,
+        reverb_prob=0.0 if args.clean else args.reverb_prob, force=args.force,
     )
     for split_cuts in cuts.values():
         validate_cuts(split_cuts, check_audio=False)  # transcripts and durations; audio is checked by fbank

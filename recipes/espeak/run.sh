@@ -7,8 +7,8 @@ cd "$(dirname "$0")/../.."
 bash scripts/setup_env.sh
 PY=.venv/bin/python
 PRECISION=${PRECISION:-fp32}
-EPOCHS=${EPOCHS:-8}
-AVG=${AVG:-3}
+EPOCHS=${EPOCHS:-10}
+AVG=${AVG:-2}
 EXP=${EXP:-recipes/espeak/exp/$PRECISION}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 start=$(date +%s)

@@ -29,13 +29,20 @@ HERE = Path(__file__).resolve().parent
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=HERE / "data")
-    p.add_argument("--max-duration", type=float, default=120.0, help="seconds of audio per batch")
+    # Small batches: on this corpus the number of updates matters more than batch size (measured).
+    p.add_argument("--max-duration", type=float, default=30.0, help="seconds of audio per batch")
     p.add_argument("--num-workers", type=int, default=0, help="dataloader workers")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--no-spec-augment", dest="spec_augment", action="store_false")
+    p.add_argument("--model-warmup-batches", type=int, default=300,
+                   help="Conformer warm-up: layers are bypassed 0.9 -> 0 over this many batches")
     add_precision_args(p)
     add_model_args(p, encoder="conformer", size="tiny")
+    # The pruned loss's "simple" term gives the encoder a direct content signal; with the full loss the
+    # tiny model stayed at 100 % WER within the time budget (README, "Measured").
+    p.set_defaults(loss="pruned")
     # Defaults tuned for the tiny corpus: a few hundred batches in total, so a short LR schedule.
-    add_training_args(p, exp_dir=str(HERE / "exp" / "default"), num_epochs=8, optimizer="scaled_adam",
+    add_training_args(p, exp_dir=str(HERE / "exp" / "default"), num_epochs=10, optimizer="scaled_adam",
                       base_lr=0.045, lr_batches=500, lr_epochs=4, warmup_batches=100, log_interval=20)
     return p
 
@@ -50,13 +57,14 @@ def main() -> None:
     cfg = train_config_from_args(args)
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
     cuts = load_fbank_cuts(args.data_dir)
-    data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed))
+    data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed,
+                                 spec_augment=args.spec_augment))
     model = build_transducer(
         encoder=args.encoder, size=args.size, vocab_size=tokenizer.vocab_size, blank_id=tokenizer.blank_id,
         context_size=args.context_size,
         loss=LossConfig(loss=args.loss, joint_mode=args.joint_mode, backend=args.loss_backend,
                         prune_range=args.prune_range),
-        model_warmup_batches=300,
+        model_warmup_batches=args.model_warmup_batches,
     )
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
     model_config = {"encoder": args.encoder, "size": args.size, "vocab_size": tokenizer.vocab_size,
