@@ -38,6 +38,11 @@ def make_model(seed: int, *, vocab: int = 6, context_size: int = 2, feat_dim: in
     dec = Decoder(vocab, dim, blank_id=0, context_size=context_size)
     joi = Joiner(dim, dim, dim, vocab)
     with torch.no_grad():
+        # the library starts the joiner's projections 4x small (for training); these decoding tests want
+        # a sharp random joiner without exact bf16 ties, so undo that
+        for lin in (joi.encoder_proj, joi.decoder_proj):
+            lin.weight.mul_(4.0)
+            lin.bias.mul_(4.0)
         joi.output_linear.weight.mul_(logit_scale)
         joi.output_linear.bias.mul_(logit_scale)
         joi.output_linear.bias[0] += blank_bias
