@@ -29,9 +29,24 @@ def add_precision_args(p: argparse.ArgumentParser, default: str = "fp32") -> Non
                    help="bf16 policy only: fp32 master weights (default) or naive bf16 updates (for comparison)")
 
 
+def _json_dict(text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}); write e.g. '{{\"dropout\": 0.0}}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of preset fields, got {type(value).__name__}")
+    return value
+
+
 def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "conformer", size: str = "tiny") -> None:
     p.add_argument("--encoder", choices=("conformer", "zipformer"), default=encoder)
     p.add_argument("--size", default=size, help="encoder preset: tiny, small, ... (see asrprec.models)")
+    p.add_argument("--encoder-overrides", type=_json_dict, default={}, metavar="JSON",
+                   help='override preset fields, e.g. \'{"dropout": 0.0, "layer_dropout": 0.0}\' (Conformer) or '
+                        '\'{"frontend_channels": [8, 32, 128]}\' (Zipformer)')
     p.add_argument("--context-size", type=int, default=2)
     p.add_argument("--loss", choices=LOSSES, default="full",
                    help="full: exact RNN-T; pruned: k2-style pruned RNN-T (simple loss + band of --prune-range)")
@@ -39,6 +54,8 @@ def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "conformer", si
                    help="lean: exact loss computed tile by tile without materialising (B,T,U+1,V) logits")
     p.add_argument("--loss-backend", default="auto", help="rnnt_loss backend (see asrprec.losses.available_backends)")
     p.add_argument("--prune-range", type=int, default=5)
+    p.add_argument("--loss-warmup-batches", type=int, default=2000,
+                   help="pruned loss: batches over which the simple/pruned loss scales ramp (icefall warm_step)")
 
 
 def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
@@ -52,6 +69,8 @@ def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
     p.add_argument("--lr-batches", type=float, default=d.lr_batches)
     p.add_argument("--lr-epochs", type=float, default=d.lr_epochs)
     p.add_argument("--warmup-batches", type=int, default=d.warmup_batches)
+    p.add_argument("--encoder-schedule-scale", type=float, default=d.encoder_schedule_scale,
+                   help="encoder schedules (Zipformer dropout/skip rates) see batch count × this")
     p.add_argument("--grad-clip", type=float, default=d.grad_clip)
     p.add_argument("--log-interval", type=int, default=d.log_interval)
     p.add_argument("--valid-interval", type=int, default=d.valid_interval)

@@ -26,6 +26,11 @@ class TrainConfig:
     lr_batches: float = 7500.0
     lr_epochs: float = 3.5
     warmup_batches: int = 500
+    # The encoder's own schedules (Zipformer dropout / layer-skip / balancer limits, written for batch counts
+    # in the thousands) see batch_idx_train × this. icefall scales by max_duration·world_size/ref_duration
+    # (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, get_adjusted_batch_count); a tiny corpus
+    # trained for ~1,500 batches wants the opposite direction (> 1) to leave the heavy early regularisation.
+    encoder_schedule_scale: float = 1.0
     grad_clip: float = 0.0  # global-norm clip for adamw; ScaledAdam clips by itself (median-based)
     log_interval: int = 20
     valid_interval: int = 0  # batches between validations; 0 = at the end of each epoch only

@@ -159,6 +159,8 @@ def train_one_epoch(
             break
         state.batch_idx_train += 1
         set_batch_count(bare, state.batch_idx_train)
+        if cfg.encoder_schedule_scale != 1.0 and hasattr(bare, "encoder"):
+            set_batch_count(bare.encoder, state.batch_idx_train * cfg.encoder_schedule_scale)
         scheduler.step_batch(state.batch_idx_train)
         try:
             loss, info = compute_loss(model, batch, tokenizer, policy)

@@ -27,7 +27,7 @@ def get_parser() -> argparse.ArgumentParser:
     # Sizes chosen so that prep + training + decoding fit in ~10 min on 2 CPU cores (~1.3 h of audio).
     p.add_argument("--num-train", type=int, default=2500)
     p.add_argument("--num-dev", type=int, default=200)
-    p.add_argument("--num-test", type=int, default=200)
+    p.add_argument("--num-test", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-workers", type=int, default=2, help="synthesis and feature-extraction processes")
     # Noise and reverberation keep the task from being trivial: a tiny CTC BiGRU on one thread reached 1.1 % dev

@@ -8,7 +8,7 @@ bash scripts/setup_env.sh
 PY=.venv/bin/python
 PRECISION=${PRECISION:-fp32}
 EPOCHS=${EPOCHS:-10}
-AVG=${AVG:-2}
+AVG=${AVG:-3}
 EXP=${EXP:-recipes/espeak/exp/$PRECISION}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 start=$(date +%s)

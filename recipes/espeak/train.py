@@ -34,16 +34,24 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-workers", type=int, default=0, help="dataloader workers")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--no-spec-augment", dest="spec_augment", action="store_false")
-    p.add_argument("--model-warmup-batches", type=int, default=300,
+    # No Conformer warm-up bypass: with 300 batches of it the valid loss sat on a plateau for ~4 epochs
+    # (0.49/frame at epoch 5 vs 0.25 without; measured 2026-12-01).
+    p.add_argument("--model-warmup-batches", type=int, default=0,
                    help="Conformer warm-up: layers are bypassed 0.9 -> 0 over this many batches")
     add_precision_args(p)
     add_model_args(p, encoder="conformer", size="tiny")
     # The pruned loss's "simple" term gives the encoder a direct content signal; with the full loss the
     # tiny model stayed at 100 % WER within the time budget (README, "Measured").
-    p.set_defaults(loss="pruned")
+    # A slow loss-scale ramp (icefall's warm_step) keeps the simple loss dominant for the whole short run:
+    # valid loss/frame at epoch 5 was 0.21 with 4000 and 0.25 with 2000 (no model warm-up); with the old 300-batch
+    # model warm-up, 300 gave 0.58 against 0.49 for 2000 (measured 2026-12-01).
+    # The Zipformer's own schedules (dropout, layer skipping) are written for tens of thousands of batches:
+    # run them 10x faster here (epoch-3 valid loss 0.46 vs 0.55 at 1x).
+    p.set_defaults(loss="pruned", loss_warmup_batches=4000)
     # Defaults tuned for the tiny corpus: a few hundred batches in total, so a short LR schedule.
     add_training_args(p, exp_dir=str(HERE / "exp" / "default"), num_epochs=10, optimizer="scaled_adam",
-                      base_lr=0.045, lr_batches=500, lr_epochs=4, warmup_batches=100, log_interval=20)
+                      base_lr=0.045, lr_batches=500, lr_epochs=4, warmup_batches=100, log_interval=20,
+                      encoder_schedule_scale=10.0)
     return p
 
 
@@ -61,14 +69,15 @@ def main() -> None:
                                  spec_augment=args.spec_augment))
     model = build_transducer(
         encoder=args.encoder, size=args.size, vocab_size=tokenizer.vocab_size, blank_id=tokenizer.blank_id,
-        context_size=args.context_size,
+        context_size=args.context_size, encoder_overrides=args.encoder_overrides,
         loss=LossConfig(loss=args.loss, joint_mode=args.joint_mode, backend=args.loss_backend,
-                        prune_range=args.prune_range),
+                        prune_range=args.prune_range, loss_warmup_batches=args.loss_warmup_batches),
         model_warmup_batches=args.model_warmup_batches,
     )
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
     model_config = {"encoder": args.encoder, "size": args.size, "vocab_size": tokenizer.vocab_size,
                     "blank_id": tokenizer.blank_id, "context_size": args.context_size,
+                    "encoder_overrides": args.encoder_overrides,
                     "loss": {"loss": args.loss, "joint_mode": args.joint_mode, "backend": args.loss_backend,
                              "prune_range": args.prune_range}}
     (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))

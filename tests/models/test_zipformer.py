@@ -274,3 +274,23 @@ def test_bypass_function_matches_plain():
         s = torch.rand(*scale_shape, dtype=torch.float64, requires_grad=True)
         assert torch.autograd.gradcheck(bypass, (a, b, s))
         torch.testing.assert_close(bypass(a, b, s), a + (b - a) * s)
+
+
+def test_frontend_channels_set_the_front_end_widths():
+    enc = build_zipformer_encoder(size="tiny", frontend_channels=(4, 8, 16))
+    convs = [m for m in enc.encoder_embed.conv if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [4, 8, 16]
+    # the output projection flattens (channels x 19 frequency bins) of 80-dim features
+    assert enc.encoder_embed.out.in_features == 16 * 19
+    # the front-end's parameters follow the textbook conv/linear counts (ConvNeXt: depthwise 7x7, 1x1 up 3x, 1x1 down)
+    c1, c2, c3, d = 4, 8, 16, enc.encoder_embed.out.out_features
+    expect = (9 * c1 + c1) + (9 * c1 * c2 + c2) + (9 * c2 * c3 + c3) + (49 * c3 + c3) + (c3 * 3 * c3 + 3 * c3) \
+        + (3 * c3 * c3 + c3) + (19 * c3 * d + d)
+    fe = enc.encoder_embed
+    got = sum(p.numel() for n, p in fe.named_parameters() if not n.startswith("out_norm"))
+    assert got == expect
+    enc.eval()
+    out, lens = enc(torch.randn(2, 107, 80), torch.tensor([107, 60]))
+    assert lens.tolist() == [((107 - 7) // 2 + 1) // 2, ((60 - 7) // 2 + 1) // 2]
+    with pytest.raises(ValueError, match="frontend_channels"):
+        zipformer_config("tiny", frontend_channels=(8, 32))

@@ -88,3 +88,27 @@ def test_nonfinite_loss_batch_is_skipped(tmp_path, caplog):
                   valid_dl=loader(2, 1), cfg=cfg(tmp_path, num_epochs=1))
     assert "non-finite loss" in caplog.text
     assert math.isfinite(state.history[0]["valid_loss"])
+
+
+class RecordingEncoder(LinearEncoder):
+    """Records the batch_count the loop hands it at each forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.batch_count = 0.0
+        self.seen = []
+
+    def forward(self, x, lens):
+        if self.training:
+            self.seen.append(self.batch_count)
+        return super().forward(x, lens)
+
+
+def test_encoder_schedule_scale_speeds_encoder_schedules_only(tmp_path):
+    torch.manual_seed(0)
+    enc = RecordingEncoder()
+    model = Transducer(enc, Decoder(6, 16), Joiner(16, 16, 16, 6))
+    train(model=model, policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=loader(3), valid_dl=loader(1, 1),
+          cfg=cfg(tmp_path, num_epochs=1, encoder_schedule_scale=10.0))
+    assert enc.seen == [10.0, 20.0, 30.0]
+    assert model.batch_count == 3  # the transducer's own warm-ups (loss scales) keep the real batch count

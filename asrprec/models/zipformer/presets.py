@@ -35,6 +35,8 @@ class ZipformerConfig:
     pos_dim: int = 48
     cnn_module_kernel: Tuple[int, ...] = (31, 31, 15, 15, 15, 31)
     output_downsampling_factor: int = 2
+    # Conv2dSubsampling's three conv widths (the ConvNeXt runs at the last); icefall's are (8, 32, 128)
+    frontend_channels: Tuple[int, ...] = (8, 32, 128)
     warmup_batches: float = 4000.0
     causal: bool = False
     # chunked causal training (50 Hz frames); icefall train.py defaults
@@ -55,6 +57,9 @@ class ZipformerConfig:
                                  f"(downsampling_factor={self.downsampling_factor})")
             object.__setattr__(self, name, v)
         object.__setattr__(self, "downsampling_factor", tuple(int(d) for d in self.downsampling_factor))
+        if len(self.frontend_channels) != 3 or min(self.frontend_channels) < 1:
+            raise ValueError(f"frontend_channels must be three positive widths, got {self.frontend_channels}")
+        object.__setattr__(self, "frontend_channels", tuple(int(c) for c in self.frontend_channels))
         object.__setattr__(self, "chunk_size", tuple(int(c) for c in self.chunk_size))
         object.__setattr__(self, "left_context_frames", tuple(int(c) for c in self.left_context_frames))
         for u, d in zip(self.encoder_unmasked_dim, self.encoder_dim):
@@ -86,6 +91,9 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         num_heads=(4, 4, 4, 4, 4, 4),
         query_head_dim=16, value_head_dim=8, pos_head_dim=4, pos_dim=32,
         cnn_module_kernel=(15, 15, 7, 7, 7, 15),
+        # quarter-width front-end: at (8, 32, 128) it was ~60 % of a tiny training step on CPU; (8, 16, 32) makes a
+        # step 2.2x faster (1.06 -> 0.48 s, B=18 x 1.7 s, 1 thread; Conformer tiny 0.41 s)
+        frontend_channels=(8, 16, 32),
     ),
     "small": dict(
         num_encoder_layers=(2, 2, 2, 2, 2, 2),
@@ -122,8 +130,9 @@ def build_zipformer_encoder(*, size: str = "medium", causal: bool = False, **ove
 
 
 def build_from_config(cfg: ZipformerConfig) -> ZipformerEncoder:
-    embed = Conv2dSubsampling(cfg.num_features, cfg.encoder_dim[0],
-                              dropout=_frontend_dropout())
+    c1, c2, c3 = cfg.frontend_channels
+    embed = Conv2dSubsampling(cfg.num_features, cfg.encoder_dim[0], layer1_channels=c1, layer2_channels=c2,
+                              layer3_channels=c3, dropout=_frontend_dropout())
     enc = Zipformer2(
         downsampling_factor=cfg.downsampling_factor, encoder_dim=cfg.encoder_dim,
         num_encoder_layers=cfg.num_encoder_layers, encoder_unmasked_dim=cfg.encoder_unmasked_dim,
