@@ -59,12 +59,14 @@ def probe(device_type: str) -> Capabilities:
         torch.ones(4, device=device_type, dtype=torch.bfloat16).sum()
 
     def scaler() -> None:
-        p = torch.nn.Parameter(torch.ones(2, device=device_type))
-        opt = torch.optim.SGD([p], lr=0.1)
-        s = torch.amp.GradScaler(device_type, init_scale=2.0)
-        s.scale(p.sum()).backward()
-        s.step(opt)
-        s.update()
+        # the probe may run where autograd is off (a decode script's no_grad/inference_mode); it needs a backward
+        with torch.inference_mode(False), torch.enable_grad():
+            p = torch.nn.Parameter(torch.ones(2, device=device_type))
+            opt = torch.optim.SGD([p], lr=0.1)
+            s = torch.amp.GradScaler(device_type, init_scale=2.0)
+            s.scale(p.sum()).backward()
+            s.step(opt)
+            s.update()
 
     ok_bf16, why_bf16 = _try(bf16)
     ok_fp16, why_fp16 = _try(lambda: mm(torch.float16))

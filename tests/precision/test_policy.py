@@ -250,3 +250,15 @@ def test_master_weight_optimizer_state_round_trip():
     for a, b in zip(opt._masters, opt2._masters):
         assert torch.equal(a, b)
     assert torch.equal(m.weight, m2.weight)
+
+
+@pytest.mark.parametrize("ctx", [torch.no_grad, torch.inference_mode])
+def test_probe_works_where_autograd_is_off(ctx):
+    # decode scripts resolve the policy under no_grad / inference_mode; the scaler probe must still see the truth
+    from asrprec.precision import capabilities
+
+    with ctx():
+        caps = capabilities.probe("cpu")
+        policy = get_policy("amp-fp16", "cpu")
+    assert caps.grad_scaler, caps.grad_scaler_why
+    assert policy.name == "amp-fp16"
