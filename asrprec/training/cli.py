@@ -7,6 +7,7 @@ namespace into typed configs.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from typing import Any
 
@@ -30,8 +31,6 @@ def add_precision_args(p: argparse.ArgumentParser, default: str = "fp32") -> Non
 
 
 def _json_dict(text: str) -> dict:
-    import json
-
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:

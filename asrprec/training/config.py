@@ -42,6 +42,8 @@ class TrainConfig:
     progress_bar: bool = True
 
     def __post_init__(self) -> None:
+        if not self.encoder_schedule_scale > 0:
+            raise ValueError(f"encoder_schedule_scale must be > 0, got {self.encoder_schedule_scale}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.num_epochs < 1 or self.start_epoch < 1:

@@ -112,3 +112,21 @@ def test_encoder_schedule_scale_speeds_encoder_schedules_only(tmp_path):
           cfg=cfg(tmp_path, num_epochs=1, encoder_schedule_scale=10.0))
     assert enc.seen == [10.0, 20.0, 30.0]
     assert model.batch_count == 3  # the transducer's own warm-ups (loss scales) keep the real batch count
+
+
+def test_encoder_schedule_scale_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="encoder_schedule_scale"):
+        cfg(tmp_path, encoder_schedule_scale=0.0)
+
+
+def test_encoder_overrides_flag_parses_json_and_rejects_non_objects():
+    import argparse
+
+    from asrprec.training.cli import add_model_args
+
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    assert p.parse_args(["--encoder-overrides", '{"dropout": 0.0}']).encoder_overrides == {"dropout": 0.0}
+    for bad in ("[1]", "{dropout: 0}"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--encoder-overrides", bad])
