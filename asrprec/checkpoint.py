@@ -313,6 +313,36 @@ def load_checkpoint(
 # -- file names, rotation --------------------------------------------------------------------------
 
 
+def load_model_weights(model: nn.Module, state: dict[str, torch.Tensor], *, source: str = "checkpoint") -> None:
+    """``model.load_state_dict(state)`` (strict), with an error that says which tensors disagree and what to do.
+
+    Raises:
+        CheckpointMismatchError: missing or unexpected tensor names, or shapes that differ, e.g. when a recipe's
+            ``model.json`` describes another architecture than the one the checkpoint was trained with.
+    """
+    target = unwrap_model(model).state_dict()
+    missing = sorted(set(target) - set(state))
+    unexpected = sorted(set(state) - set(target))
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(target[k].shape)}"
+              for k in target if k in state and tuple(state[k].shape) != tuple(target[k].shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        if shapes:
+            parts.append(f"{len(shapes)} shape(s) differ, e.g. {'; '.join(shapes[:3])}")
+        if missing:
+            parts.append(f"{len(missing)} tensor(s) missing from the {source}, e.g. {missing[:3]}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected tensor(s), e.g. {unexpected[:3]}")
+        raise CheckpointMismatchError(
+            f"the {source} does not fit this model ({'; '.join(parts)}). The model was built with a different "
+            "architecture from the one the checkpoint was trained with. Fix: build the model with the training "
+            "run's settings (a recipe's model.json stores the encoder's full config in 'encoder_overrides'; for an "
+            "older experiment add the fields that changed, e.g. {\"frontend_channels\": [8, 32, 128]} for a "
+            "Conformer 'tiny' trained before 2026-12-01)."
+        )
+    unwrap_model(model).load_state_dict(state)
+
+
 def epoch_checkpoint_path(exp_dir: str | os.PathLike, epoch: int) -> Path:
     """``exp_dir/epoch-{epoch}.pt`` (icefall's name for end-of-epoch checkpoints)."""
     return Path(exp_dir) / f"epoch-{epoch}.pt"

@@ -255,3 +255,22 @@ def test_average_rejects_different_models(tmp_path):
         average_checkpoints([])
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "nope.pt")
+
+
+def test_load_model_weights_names_the_mismatch_and_the_fix():
+    from asrprec.checkpoint import CheckpointMismatchError, load_model_weights
+
+    src = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    same = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    load_model_weights(same, src.state_dict())
+    for a, b in zip(src.parameters(), same.parameters()):
+        assert torch.equal(a, b)
+    wider = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 2))
+    with pytest.raises(CheckpointMismatchError, match=r"shape\(s\) differ.*0.weight: checkpoint \(4, 3\) vs model "
+                                                      r"\(5, 3\).*Fix: build the model with the training run"):
+        load_model_weights(wider, src.state_dict(), source="average of epoch-1.pt")
+    deeper = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
+    with pytest.raises(CheckpointMismatchError, match=r"missing from the checkpoint, e.g. \['2.bias', '2.weight'\]"):
+        load_model_weights(deeper, src.state_dict())
+    with pytest.raises(CheckpointMismatchError, match="unexpected"):
+        load_model_weights(torch.nn.Sequential(torch.nn.Linear(3, 4)), src.state_dict())

@@ -41,6 +41,12 @@ def test_recipe_smoke(tmp_path, precision):
         "--max-batches-per-epoch", 2, "--max-duration", 20, "--no-progress-bar")
     assert (exp / "epoch-1.pt").is_file() and (exp / "epoch-2.pt").is_file()
     assert (exp / "tensorboard").is_dir()
+    # model.json stores the encoder's resolved config (the preset's fields), so decode does not depend on the preset
+    from asrprec.models.conformer import CONFORMER_PRESETS
+
+    stored = json.loads((exp / "model.json").read_text())["encoder_overrides"]
+    assert stored["frontend_channels"] == list(CONFORMER_PRESETS["tiny"].frontend_channels)
+    assert stored["d_model"] == CONFORMER_PRESETS["tiny"].d_model
     log = (exp / "train.log").read_text()
     assert "precision: policy=bf16" in log and "optimizer_update=fp32 master weights" in log
     for method in ("greedy_search", "modified_beam_search"):

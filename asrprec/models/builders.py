@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 from torch import nn
@@ -66,6 +68,21 @@ def set_batch_count(model: nn.Module, batch_count: float) -> None:
     for m in model.modules():
         if hasattr(m, "batch_count"):
             m.batch_count = batch_count
+
+
+def resolved_encoder_overrides(model: nn.Module) -> dict[str, Any]:
+    """Every field of the encoder's config (preset + overrides, without ``num_features``) as JSON values.
+
+    Pass it back as ``build_transducer(encoder_overrides=...)`` with the same encoder and size to rebuild exactly
+    this architecture, even after the preset itself has changed (recipes store it in ``model.json``).
+    """
+    encoder = getattr(model, "encoder", model)
+    config = getattr(encoder, "config", None)
+    if config is None or not dataclasses.is_dataclass(config):
+        raise TypeError(f"{type(encoder).__name__} has no dataclass .config to resolve")
+    fields = dataclasses.asdict(config)
+    fields.pop("num_features", None)
+    return json.loads(json.dumps(fields))  # tuples -> lists, as they read back from model.json
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -12,6 +12,8 @@ n -> (n - 3)//2 + 1 = (n - 1)//2. Hence
 
 and the same for the frequency axis: F' = ((F - 1)//2 - 1)//2 (19 for F = 80).
 
+The convolutions run channels-last (see :class:`ScaledConv2d`; faster on CPU, same values).
+
 Deviation from icefall: given lengths, padded input frames are zeroed before the convolutions, so an
 utterance's outputs do not depend on the value the collate function padded with.
 """
@@ -61,13 +63,13 @@ class Conv2dSubsampling(nn.Module):
         self.num_features = num_features
         self.out_dim = out_dim
         self.conv = nn.Sequential(
-            ScaledConv2d(1, layer1_channels, kernel_size=3, padding=1),
+            ScaledConv2d(1, layer1_channels, kernel_size=3, padding=1, channels_last=True),
             ActivationBalancer(channel_dim=1),
             DoubleSwish(),
-            ScaledConv2d(layer1_channels, layer2_channels, kernel_size=3, stride=2),
+            ScaledConv2d(layer1_channels, layer2_channels, kernel_size=3, stride=2, channels_last=True),
             ActivationBalancer(channel_dim=1),
             DoubleSwish(),
-            ScaledConv2d(layer2_channels, layer3_channels, kernel_size=3, stride=2),
+            ScaledConv2d(layer2_channels, layer3_channels, kernel_size=3, stride=2, channels_last=True),
             ActivationBalancer(channel_dim=1),
             DoubleSwish(),
         )

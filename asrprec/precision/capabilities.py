@@ -33,6 +33,24 @@ def _try(fn) -> tuple[bool, str]:
         return False, f"{type(e).__name__}: {e}"
 
 
+class _ProbeSGD:
+    """The least a GradScaler steps: ``param_groups`` and ``step()`` (p -= 0.1·grad).
+
+    Not a ``torch.optim.Optimizer``: building one imports torch._dynamo (~2 s on CPU), which a decode script
+    would otherwise pay for the probe alone.
+    """
+
+    def __init__(self, p: torch.nn.Parameter) -> None:
+        self.param_groups = [{"params": [p]}]
+        self.stepped = False
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.param_groups[0]["params"]:
+            p.add_(p.grad, alpha=-0.1)
+        self.stepped = True
+
+
 @functools.lru_cache(maxsize=None)
 def probe(device_type: str) -> Capabilities:
     """Probe ``device_type`` ("cpu" or "cuda") by running tiny autocast matmuls and a grad-scaler step."""
@@ -62,11 +80,13 @@ def probe(device_type: str) -> Capabilities:
         # the probe may run where autograd is off (a decode script's no_grad/inference_mode); it needs a backward
         with torch.inference_mode(False), torch.enable_grad():
             p = torch.nn.Parameter(torch.ones(2, device=device_type))
-            opt = torch.optim.SGD([p], lr=0.1)
+            opt = _ProbeSGD(p)
             s = torch.amp.GradScaler(device_type, init_scale=2.0)
             s.scale(p.sum()).backward()
             s.step(opt)
             s.update()
+            if not opt.stepped or not torch.allclose(p.detach(), torch.full_like(p, 0.9)):
+                raise RuntimeError("the grad scaler did not unscale the gradient and step")
 
     ok_bf16, why_bf16 = _try(bf16)
     ok_fp16, why_fp16 = _try(lambda: mm(torch.float16))

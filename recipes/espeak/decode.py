@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from asrprec.checkpoint import average_checkpoints, find_epoch_checkpoints
+from asrprec.checkpoint import average_checkpoints, find_epoch_checkpoints, load_model_weights
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.decoding import DecodingOptions, decode_dataset
 from asrprec.metrics import write_error_stats, write_recogs
@@ -42,7 +42,7 @@ def main() -> None:
     model_config = json.loads((args.exp_dir / "model.json").read_text())
     model = build_transducer(**model_config)
     paths = find_epoch_checkpoints(args.exp_dir, args.epoch, args.avg)
-    model.load_state_dict(average_checkpoints(paths))
+    load_model_weights(model, average_checkpoints(paths), source=f"average of {', '.join(p.name for p in paths)}")
     policy = get_policy(args.precision, resolve_device(args.device))
     model = policy.prepare_for_inference(model)
     tokenizer = Tokenizer(args.data_dir / "bpe.model")

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
-from asrprec.models import LossConfig, build_transducer, count_parameters
+from asrprec.models import LossConfig, build_transducer, count_parameters, resolved_encoder_overrides
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
 from asrprec.training import train
@@ -75,9 +75,11 @@ def main() -> None:
         model_warmup_batches=args.model_warmup_batches,
     )
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
+    # The encoder's resolved config (preset + overrides), so decode.py rebuilds this architecture even if the
+    # preset changes later.
     model_config = {"encoder": args.encoder, "size": args.size, "vocab_size": tokenizer.vocab_size,
                     "blank_id": tokenizer.blank_id, "context_size": args.context_size,
-                    "encoder_overrides": args.encoder_overrides,
+                    "encoder_overrides": resolved_encoder_overrides(model),
                     "loss": {"loss": args.loss, "joint_mode": args.joint_mode, "backend": args.loss_backend,
                              "prune_range": args.prune_range}}
     (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))

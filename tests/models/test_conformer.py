@@ -198,16 +198,17 @@ def test_layer_dropout_draws():
 # ----------------------------------------------------------------------------- builder and parameter counts
 
 
-def _closed_form_params(F_in: int, D: int, L: int, FF: int, K: int) -> int:
+def _closed_form_params(F_in: int, D: int, L: int, FF: int, K: int, C=(8, 32, 128)) -> int:
     """Parameter count derived by hand (scaled layers: weight + bias + one scalar log-scale per tensor).
 
-    Front-end: Conv2d 1->8, 8->32, 32->128 (3x3, each weight+bias+2 scales), Linear(128*F'->D)+bias+2,
+    Front-end: Conv2d 1->c1, c1->c2, c2->c3 (3x3, each weight+bias+2 scales), Linear(c3*F'->D)+bias+2,
     BasicNorm with fixed eps (0). Per layer: 2 feed-forwards (2·D·FF + FF + D + 4 each), attention
     (in_proj 3D²+3D+2, out_proj D²+D+2, linear_pos D²+1, pos_bias_u/v 2D, their scales 2),
     conv module (pointwise 2D²+2D+2, depthwise D·K+D+2, pointwise D²+D+2), BasicNorm eps (1).
     """
     Fp = ((F_in - 1) // 2 - 1) // 2
-    front = (1 * 8 * 9 + 8 + 2) + (8 * 32 * 9 + 32 + 2) + (32 * 128 * 9 + 128 + 2) + (128 * Fp * D + D + 2)
+    c1, c2, c3 = C
+    front = (1 * c1 * 9 + c1 + 2) + (c1 * c2 * 9 + c2 + 2) + (c2 * c3 * 9 + c3 + 2) + (c3 * Fp * D + D + 2)
     ff = 2 * D * FF + FF + D + 4
     attn = (3 * D * D + 3 * D + 2) + (D * D + D + 2) + (D * D + 1) + 2 * D + 2
     conv = (2 * D * D + 2 * D + 2) + (D * K + D + 2) + (D * D + D + 2)
@@ -220,13 +221,29 @@ def test_preset_parameter_counts(size):
     c = CONFORMER_PRESETS[size]
     with torch.device("meta"):  # no memory, no init cost
         enc = build_conformer_encoder(size=size)
-    assert _n_params(enc) == _closed_form_params(80, c.d_model, c.num_layers, c.ff_dim, c.cnn_kernel)
+    assert _n_params(enc) == _closed_form_params(80, c.d_model, c.num_layers, c.ff_dim, c.cnn_kernel,
+                                                 c.frontend_channels)
     if size == "librispeech":
         # icefall pruned_transducer_stateless2 defaults: d_model 512, 12 layers, 8 heads, ff 2048, kernel 31
         assert (c.d_model, c.num_layers, c.num_heads, c.ff_dim, c.cnn_kernel) == (512, 12, 8, 2048, 31)
         assert _n_params(enc) == 77_096_192
     if size == "tiny":
         assert 1_000_000 <= _n_params(enc) <= 3_000_000
+
+
+def test_frontend_channels_set_the_front_end_widths():
+    enc = build_conformer_encoder(size="tiny", frontend_channels=[4, 8, 16], num_layers=1)
+    convs = [m for m in enc.encoder_embed.conv if isinstance(m, torch.nn.Conv2d)]
+    assert [(m.in_channels, m.out_channels) for m in convs] == [(1, 4), (4, 8), (8, 16)]
+    assert enc.encoder_embed.out.in_features == 16 * 19  # c3 x F' (F' = 19 for 80 bins)
+    c = enc.config
+    assert c.frontend_channels == (4, 8, 16)
+    assert _n_params(enc) == _closed_form_params(80, c.d_model, 1, c.ff_dim, c.cnn_kernel, (4, 8, 16))
+    out, lens = enc.eval()(torch.randn(2, 50, 80), torch.tensor([50, 30]))
+    assert out.shape == (2, conv2d_subsampling_output_lens(50), c.d_model)
+    for bad in ((8, 32), (8, 0, 64)):
+        with pytest.raises(ValueError, match="frontend_channels"):
+            build_conformer_encoder(size="tiny", frontend_channels=bad)
 
 
 def test_builder_validates():

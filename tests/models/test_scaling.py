@@ -267,6 +267,38 @@ def test_double_swish_low_precision_dtypes():
         assert DoubleSwish()(torch.randn(3)).dtype == torch.float32  # follows its input, not autocast
 
 
+def test_double_swish_without_autograd_saves_nothing():
+    x = torch.randn(4, 6, dtype=torch.float64) * 3
+    with torch.no_grad():
+        y = double_swish(x.clone().requires_grad_())
+    assert y.grad_fn is None
+    torch.testing.assert_close(y, x * torch.sigmoid(x - 1))
+    # an input that needs no gradient still gives the right value
+    torch.testing.assert_close(double_swish(x), x * torch.sigmoid(x - 1))
+
+
+def test_scaled_conv2d_channels_last_same_values_and_grads():
+    torch.manual_seed(0)
+    ref = ScaledConv2d(3, 5, kernel_size=3, stride=2, padding=1).double()
+    cl = ScaledConv2d(3, 5, kernel_size=3, stride=2, padding=1, channels_last=True).double()
+    cl.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    # an independent reference: plain conv2d with the effective weight w * exp(s)
+    expect = torch.nn.functional.conv2d(x, ref.weight * ref.weight_scale.exp(), ref.bias * ref.bias_scale.exp(),
+                                        stride=2, padding=1)
+    y_ref, y_cl = ref(x), cl(x)
+    torch.testing.assert_close(y_cl, expect)
+    torch.testing.assert_close(y_ref, expect)
+    assert y_cl.is_contiguous(memory_format=torch.channels_last) and not y_ref.is_contiguous(
+        memory_format=torch.channels_last)
+    y_ref.square().sum().backward()
+    y_cl.square().sum().backward()
+    for (name, a), b in zip(ref.named_parameters(), cl.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
+    assert cl.weight.is_contiguous()  # stored layout is the default one: checkpoints do not depend on the flag
+    assert torch.autograd.gradcheck(cl, x[:1, :, :5, :5].clone().requires_grad_())
+
+
 def test_warmup_fraction():
     assert warmup_fraction(0, 3000) == 0.0
     assert warmup_fraction(1500, 3000) == 0.5

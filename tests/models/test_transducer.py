@@ -143,3 +143,25 @@ def test_pruned_loss_with_full_band_equals_full_loss():
     assert torch.isfinite(out_p["simple_loss"])
     # eval uses the final scales: 0.5 * simple + 1.0 * pruned
     assert torch.allclose(out_p["loss"], 0.5 * out_p["simple_loss"] + out_p["pruned_loss"])
+
+
+@pytest.mark.parametrize("encoder,overrides", [("conformer", {"num_layers": 1, "frontend_channels": (4, 8, 16)}),
+                                                ("zipformer", {"frontend_channels": (4, 8, 8)})])
+def test_resolved_encoder_overrides_rebuild_the_same_architecture(encoder, overrides):
+    import json
+
+    from asrprec.models import build_transducer, resolved_encoder_overrides
+
+    torch.manual_seed(0)
+    model = build_transducer(encoder=encoder, size="tiny", vocab_size=16, encoder_overrides=overrides)
+    resolved = resolved_encoder_overrides(model)
+    assert "num_features" not in resolved
+    resolved = json.loads(json.dumps(resolved))  # as read back from model.json
+    again = build_transducer(encoder=encoder, size="tiny", vocab_size=16, encoder_overrides=resolved)
+    assert again.encoder.config == model.encoder.config
+    again.load_state_dict(model.state_dict())  # strict: every name and shape agrees
+    # without the stored config, the preset alone builds a different front-end: loading must fail
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        build_transducer(encoder=encoder, size="tiny", vocab_size=16).load_state_dict(model.state_dict(), strict=False)
+    with pytest.raises(TypeError, match="config"):
+        resolved_encoder_overrides(nn.Linear(2, 2))
