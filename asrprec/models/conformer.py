@@ -298,12 +298,14 @@ class ConformerConfig:
 #: Named presets. ``librispeech`` = icefall pruned_transducer_stateless2 train.py defaults
 #: (d_model 512, 12 layers, 8 heads, feed-forward 2048, conv kernel 31, dropout 0.1, layer_dropout 0.075).
 CONFORMER_PRESETS: dict[str, ConformerConfig] = {
-    # ~2.4 M parameters: trains on 2 CPU cores in minutes. No dropout: in 10-epoch runs of the embedded recipe it
+    # ~2.1 M parameters: trains on 2 CPU cores in minutes. No dropout: in 10-epoch runs of the embedded recipe it
     # changed neither the valid loss (0.133 vs 0.123/frame) nor the WER (test 7.8 vs 7.3 %, dev 11.9 vs 11.4 %,
     # within noise), while CPU dropout (bernoulli_) cost ~22 % of a step (0.31 vs 0.39-0.43 s; measured 2026-12-01).
-    # Front-end 8/32/64 instead of 8/32/128: a training step is ~9 % cheaper (same-process A/B on recipe batches),
-    # and the recipe's WER did not move (test 7.44 % greedy, dev 11.12 %, vs 8.56 % / 11.99 % at 128).
-    "tiny": ConformerConfig(d_model=144, num_layers=4, num_heads=4, ff_dim=576, cnn_kernel=15, dropout=0.0,
+    # Front-end 8/32/64 instead of 8/32/128 and feed-forward 432 (3x d_model) instead of 576: together a training
+    # step is ~20 % cheaper (same-process A/B, benchmarks/train_step.py: 0.84-0.86 for the feed-forward, ~0.91 on
+    # recipe batches for the front-end), and the recipe's WER did not move (front-end 64: test 7.44-7.70 % greedy,
+    # dev 8.4-11.1 %; plus ff 432: 8.22 % / 10.43 %; vs 8.56 % / 11.99 % before; measured 2026-12-01).
+    "tiny": ConformerConfig(d_model=144, num_layers=4, num_heads=4, ff_dim=432, cnn_kernel=15, dropout=0.0,
                             layer_dropout=0.0, frontend_channels=(8, 32, 64)),
     # ~14 M parameters: a single-GPU model for 100 h scale data.
     "small": ConformerConfig(d_model=256, num_layers=8, num_heads=4, ff_dim=1024, cnn_kernel=31),
