@@ -1,7 +1,8 @@
 """Models: the transducer, its stateless decoder and joiner, the Conformer and Zipformer encoders."""
 
 from .builders import (
-    ENCODERS, build_encoder, build_transducer, count_parameters, resolved_encoder_overrides, set_batch_count,
+    ENCODERS, build_encoder, build_transducer, configure_streaming, count_parameters, resolved_encoder_overrides,
+    set_batch_count,
 )
 from .decoder import Decoder
 from .joiner import Joiner
@@ -9,5 +10,5 @@ from .transducer import LossConfig, Transducer, pruned_loss_scales
 
 __all__ = [
     "ENCODERS", "Decoder", "Joiner", "LossConfig", "Transducer", "build_encoder", "build_transducer",
-    "count_parameters", "pruned_loss_scales", "resolved_encoder_overrides", "set_batch_count",
+    "configure_streaming", "count_parameters", "pruned_loss_scales", "resolved_encoder_overrides", "set_batch_count",
 ]

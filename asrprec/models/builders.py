@@ -6,6 +6,7 @@ import dataclasses
 import json
 from typing import Any
 
+import torch
 from torch import nn
 
 from .decoder import Decoder
@@ -83,6 +84,39 @@ def resolved_encoder_overrides(model: nn.Module) -> dict[str, Any]:
     fields = dataclasses.asdict(config)
     fields.pop("num_features", None)
     return json.loads(json.dumps(fields))  # tuples -> lists, as they read back from model.json
+
+
+def configure_streaming(model: nn.Module, chunk_size: int | None, left_context_frames: int | None) -> str:
+    """Fix the chunk size and left context a causal Zipformer uses from now on (e.g. for decoding).
+
+    A causal model draws both from its training lists on every call; decoding needs one value of each, as
+    icefall's zipformer/decode.py (``--chunk-size 32 --left-context-frames 256`` simulates streaming;
+    ``--chunk-size -1`` uses full context). Returns a tag for result file names: ``"chunk-32-left-256"``,
+    ``"causal-full-context"``, or "" for a model that is not causal.
+
+    Raises:
+        ValueError: values given for a model that is not causal; a causal model without a chunk size; a chunk
+            size that is not a multiple of every stack's downsampling factor, or a left context shorter than the
+            convolutions' reach.
+    """
+    stacks = getattr(getattr(model, "encoder", model), "encoder", None)
+    if not getattr(stacks, "causal", False):
+        if chunk_size not in (None, -1) or left_context_frames not in (None, -1):
+            raise ValueError("--chunk-size/--left-context-frames apply to causal Zipformer models only; "
+                             "this model is not causal (train one with --encoder zipformer --causal)")
+        return ""
+    if chunk_size is None:
+        raise ValueError(f"this causal model was trained with chunk sizes {list(stacks.chunk_size)} and left contexts "
+                         f"{list(stacks.left_context_frames)}; decoding needs one of each: pass e.g. --chunk-size 32 "
+                         "--left-context-frames 256, or --chunk-size -1 for full context")
+    if chunk_size != -1 and left_context_frames is None:
+        raise ValueError("a chunk size needs a left context: pass --left-context-frames (e.g. 256, or -1 for all)")
+    left = -1 if left_context_frames is None else int(left_context_frames)
+    cs, lcc = stacks.get_chunk_info(int(chunk_size), left)
+    stacks._get_attn_mask(max(cs, 1) * 2, cs, lcc, torch.device("cpu"))  # validates, raises with the reason
+    stacks.chunk_size = (int(chunk_size),)
+    stacks.left_context_frames = (left,)
+    return "causal-full-context" if int(chunk_size) == -1 else f"chunk-{int(chunk_size)}-left-{left}"
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -40,12 +40,30 @@ def _json_dict(text: str) -> dict:
     return value
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 16,32,64,-1, got {text!r}") from None
+    if any(v == 0 or v < -1 for v in values):
+        raise argparse.ArgumentTypeError(f"entries must be positive or -1 (full context), got {text!r}")
+    return values
+
+
 def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "conformer", size: str = "tiny") -> None:
     p.add_argument("--encoder", choices=("conformer", "zipformer"), default=encoder)
     p.add_argument("--size", default=size, help="encoder preset: tiny, small, ... (see asrprec.models)")
     p.add_argument("--encoder-overrides", type=_json_dict, default={}, metavar="JSON",
                    help='override preset fields, e.g. \'{"dropout": 0.0, "layer_dropout": 0.0}\' (Conformer) or '
                         '\'{"frontend_channels": [8, 32, 128]}\' (Zipformer)')
+    # streaming-capable Zipformer (icefall zipformer/train.py --causal 1 --chunk-size ... --left-context-frames ...)
+    p.add_argument("--causal", action="store_true",
+                   help="Zipformer: causal, streaming-capable model trained on chunks (decode with --chunk-size)")
+    p.add_argument("--chunk-size", type=_int_list, default=None, metavar="N,N,...",
+                   help="causal Zipformer: chunk sizes in 50 Hz frames, one drawn per batch (default 16,32,64,-1; "
+                        "-1 = full context)")
+    p.add_argument("--left-context-frames", type=_int_list, default=None, metavar="N,N,...",
+                   help="causal Zipformer: left contexts in 50 Hz frames, one drawn per batch (default 64,128,256,-1)")
     p.add_argument("--context-size", type=int, default=2)
     p.add_argument("--loss", choices=LOSSES, default="full",
                    help="full: exact RNN-T; pruned: k2-style pruned RNN-T (simple loss + band of --prune-range)")
@@ -55,6 +73,23 @@ def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "conformer", si
     p.add_argument("--prune-range", type=int, default=5)
     p.add_argument("--loss-warmup-batches", type=int, default=2000,
                    help="pruned loss: batches over which the simple/pruned loss scales ramp (icefall warm_step)")
+
+
+def encoder_overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--encoder-overrides`` merged with ``--causal``, ``--chunk-size`` and ``--left-context-frames``."""
+    overrides = dict(args.encoder_overrides)
+    chunking = {k: v for k, v in (("chunk_size", args.chunk_size), ("left_context_frames", args.left_context_frames))
+                if v is not None}
+    causal = args.causal or bool(overrides.get("causal", False))
+    if (args.causal or chunking) and args.encoder != "zipformer":
+        raise ValueError(f"--causal, --chunk-size and --left-context-frames need --encoder zipformer "
+                         f"(the {args.encoder} encoder has no causal mode)")
+    if chunking and not causal:
+        raise ValueError("--chunk-size and --left-context-frames train a causal model: add --causal")
+    if args.causal:
+        overrides["causal"] = True
+    overrides.update({k: list(v) for k, v in chunking.items()})
+    return overrides
 
 
 def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
@@ -92,6 +127,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoding-method", choices=("greedy_search", "modified_beam_search"), default="greedy_search")
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--max-sym-per-frame", type=int, default=1)
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="causal Zipformer only (required there): decode in chunks of this many 50 Hz frames "
+                        "(simulated streaming), or -1 for full context")
+    p.add_argument("--left-context-frames", type=int, default=None,
+                   help="causal Zipformer only: left context in 50 Hz frames for chunked decoding (-1 = all)")
 
 
 def resolve_device(name: str | None) -> str:

@@ -17,7 +17,7 @@ from asrprec.checkpoint import average_checkpoints, find_epoch_checkpoints, load
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.decoding import DecodingOptions, decode_dataset
 from asrprec.metrics import write_error_stats, write_recogs
-from asrprec.models import build_transducer
+from asrprec.models import build_transducer, configure_streaming
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
 from asrprec.training.cli import add_decoding_args, add_precision_args, resolve_device, setup_logging
@@ -43,6 +43,7 @@ def main() -> None:
     model = build_transducer(**model_config)
     paths = find_epoch_checkpoints(args.exp_dir, args.epoch, args.avg)
     load_model_weights(model, average_checkpoints(paths), source=f"average of {', '.join(p.name for p in paths)}")
+    streaming_tag = configure_streaming(model, args.chunk_size, args.left_context_frames)
     policy = get_policy(args.precision, resolve_device(args.device))
     model = policy.prepare_for_inference(model)
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
@@ -51,6 +52,8 @@ def main() -> None:
     tag = f"{args.decoding_method}-epoch-{args.epoch}-avg-{args.avg}-{args.precision}"
     if args.decoding_method == "modified_beam_search":
         tag += f"-beam-{args.beam_size}"
+    if streaming_tag:
+        tag += f"-{streaming_tag}"
     options = DecodingOptions(method=args.decoding_method, beam=args.beam_size,
                               max_sym_per_frame=args.max_sym_per_frame)
     summary = {}

@@ -20,7 +20,8 @@ from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
 from asrprec.training import train
 from asrprec.training.cli import (
-    add_model_args, add_precision_args, add_training_args, resolve_device, setup_logging, train_config_from_args,
+    add_model_args, add_precision_args, add_training_args, encoder_overrides_from_args, resolve_device, setup_logging,
+    train_config_from_args,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -69,7 +70,7 @@ def main() -> None:
                                  spec_augment=args.spec_augment))
     model = build_transducer(
         encoder=args.encoder, size=args.size, vocab_size=tokenizer.vocab_size, blank_id=tokenizer.blank_id,
-        context_size=args.context_size, encoder_overrides=args.encoder_overrides,
+        context_size=args.context_size, encoder_overrides=encoder_overrides_from_args(args),
         loss=LossConfig(loss=args.loss, joint_mode=args.joint_mode, backend=args.loss_backend,
                         prune_range=args.prune_range, loss_warmup_batches=args.loss_warmup_batches),
         model_warmup_batches=args.model_warmup_batches,

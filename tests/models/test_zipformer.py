@@ -294,3 +294,34 @@ def test_frontend_channels_set_the_front_end_widths():
     assert lens.tolist() == [((107 - 7) // 2 + 1) // 2, ((60 - 7) // 2 + 1) // 2]
     with pytest.raises(ValueError, match="frontend_channels"):
         zipformer_config("tiny", frontend_channels=(8, 32))
+
+
+def test_configure_streaming_fixes_the_decoding_chunk():
+    from asrprec.models import build_transducer, configure_streaming
+
+    torch.manual_seed(3)
+    model = build_transducer(encoder="zipformer", size="tiny", vocab_size=16,
+                             encoder_overrides={"causal": True}).eval()
+    x, lens = torch.randn(2, 120, 80), torch.tensor([120, 90])
+    with pytest.raises(ValueError, match="--chunk-size 32"):
+        configure_streaming(model, None, None)  # trained on several chunk sizes: decoding must pick one
+    with pytest.raises(ValueError, match="left context"):
+        configure_streaming(model, 32, None)
+    with pytest.raises(ValueError, match="multiple of every downsampling factor"):
+        configure_streaming(model, 12, 64)
+    assert configure_streaming(model, 32, 64) == "chunk-32-left-64"
+    with torch.no_grad():
+        explicit, _ = model.encoder(x, lens, chunk_size=32, left_context_frames=64)
+        fixed = [model.encode(x, lens)[0] for _ in range(3)]  # no random draw any more
+    for y in fixed:
+        torch.testing.assert_close(y, explicit)
+    assert configure_streaming(model, -1, None) == "causal-full-context"
+    with torch.no_grad():
+        full, _ = model.encoder(x, lens, chunk_size=-1)
+        torch.testing.assert_close(model.encode(x, lens)[0], full)
+    plain = build_transducer(encoder="zipformer", size="tiny", vocab_size=16)
+    assert configure_streaming(plain, None, None) == ""
+    with pytest.raises(ValueError, match="not causal"):
+        configure_streaming(plain, 32, 64)
+    conformer = build_transducer(encoder="conformer", size="tiny", vocab_size=16, encoder_overrides={"num_layers": 1})
+    assert configure_streaming(conformer, None, None) == ""

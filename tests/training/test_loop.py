@@ -130,3 +130,28 @@ def test_encoder_overrides_flag_parses_json_and_rejects_non_objects():
     for bad in ("[1]", "{dropout: 0}"):
         with pytest.raises(SystemExit):
             p.parse_args(["--encoder-overrides", bad])
+
+
+def test_causal_flags_become_zipformer_overrides():
+    import argparse
+
+    from asrprec.training.cli import add_decoding_args, add_model_args, encoder_overrides_from_args
+
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    args = p.parse_args(["--encoder", "zipformer", "--causal", "--chunk-size", "16,32,-1",
+                         "--left-context-frames", "64,-1", "--encoder-overrides", '{"pos_dim": 16}'])
+    assert encoder_overrides_from_args(args) == {"pos_dim": 16, "causal": True, "chunk_size": [16, 32, -1],
+                                                 "left_context_frames": [64, -1]}
+    assert encoder_overrides_from_args(p.parse_args(["--encoder", "zipformer"])) == {}
+    with pytest.raises(ValueError, match="need --encoder zipformer"):
+        encoder_overrides_from_args(p.parse_args(["--causal"]))  # the default encoder is the Conformer
+    with pytest.raises(ValueError, match="add --causal"):
+        encoder_overrides_from_args(p.parse_args(["--encoder", "zipformer", "--chunk-size", "32"]))
+    for bad in ("16,x", "16,0", "-2"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--chunk-size", bad])
+    d = argparse.ArgumentParser()
+    add_decoding_args(d)
+    got = d.parse_args(["--epoch", "3", "--chunk-size", "32", "--left-context-frames", "256"])
+    assert (got.chunk_size, got.left_context_frames) == (32, 256)
