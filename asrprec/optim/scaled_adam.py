@@ -3,8 +3,14 @@
 Semantics follow k2-fsa/icefall ``egs/librispeech/ASR/zipformer/optim.py`` (ScaledAdam, _get_clipping_scale,
 _size_update, _step, _step_scalar); the code is ours. Differences:
 
-* Parameters are updated one at a time instead of stacked by shape (BatchedOptimizer); the arithmetic per
-  tensor is the same.
+* Like icefall's BatchedOptimizer, tensors of one shape (and dtype, device, group and step count) are stacked
+  and updated with one op per formula term; unlike it, the state stays per parameter (so ``state_dict`` is the
+  plain per-parameter one and does not depend on the grouping): it is stacked and written back every step with
+  ``torch._foreach_copy_``. The per-tensor loop costs ~20 ops (kernel launches) per tensor, the batched path ~30
+  per shape plus the stacking; for the 297 tensors (53 shapes) of the Zipformer ``tiny`` transducer that is ~6,000
+  against ~1,600 launches. On a CPU the stacking copies eat the gain (2 threads, measured 2026-12-01: Zipformer
+  tiny 26.8 ms batched vs 31.2 ms per tensor, Conformer tiny 22.8 vs 18.8 ms), so ``batched=None`` (default)
+  batches only parameters that live on an accelerator.
 * State is always float32. For bf16/fp16 parameters the update is computed on an fp32 copy of the parameter
   (kept in state as ``param_fp32``, so rounding does not accumulate) and written back rounded.
 * Gradients that are None are skipped (icefall substitutes zeros).
@@ -37,12 +43,14 @@ class ScaledAdam(Optimizer):
         shrinks a tensor below param_min_rms nor grows it above param_max_rms.
       scalar_max: scalar parameters are clamped to [-scalar_max, scalar_max].
       size_update_period: learn the tensor scale every this many steps.
+      batched: stack same-shaped tensors and update them together (see the module docstring); None = only
+        for parameters that are not on the CPU.
     """
 
     def __init__(self, params: Iterable, lr: float = 3e-2, clipping_scale: Optional[float] = None,
                  betas: Tuple[float, float] = (0.9, 0.98), scalar_lr_scale: float = 0.1, eps: float = 1.0e-8,
                  param_min_rms: float = 1.0e-5, param_max_rms: float = 3.0, scalar_max: float = 10.0,
-                 size_update_period: int = 4, clipping_update_period: int = 100):
+                 size_update_period: int = 4, clipping_update_period: int = 100, batched: Optional[bool] = None):
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
         if not (0 <= betas[0] < 1 and 0 < betas[1] < 1):
@@ -55,6 +63,7 @@ class ScaledAdam(Optimizer):
                         eps=eps, param_min_rms=param_min_rms, param_max_rms=param_max_rms, scalar_max=scalar_max,
                         size_update_period=size_update_period, clipping_update_period=clipping_update_period)
         super().__init__(params, defaults)
+        self.batched = batched
         # global clipping state (icefall keeps it in the first parameter's state)
         self._clip: Dict[str, Any] = {"step": 0, "norms": None, "threshold": None, "num_clipped": 0}
 
@@ -90,21 +99,20 @@ class ScaledAdam(Optimizer):
             self._clip = clip
 
     # ---- clipping ---------------------------------------------------------------------------------------------
-    def _clipping_factor(self, grads: List[Tuple[dict, Tensor, Tensor, dict]]) -> float:
+    def _clipping_active(self) -> bool:
+        return self.defaults["clipping_scale"] is not None and self._clip["step"] > 0
+
+    def _clipping_factor(self, sq_norms: List[Tensor]) -> float:
+        """``sq_norms``: squared gradient norms whose sum is the step's RMS-weighted norm squared (scalars
+        weighted by ``scalar_lr_scale``, tensors by their RMS)."""
         clip = self._clip
         scale = self.defaults["clipping_scale"]
         step = clip["step"]
-        if scale is None or step == 0 or not grads:
+        if not self._clipping_active() or not sq_norms:
             return 1.0
         period = self.defaults["clipping_update_period"]
-        device = grads[0][1].device
-        tot = torch.zeros((), device=device, dtype=torch.float32)
-        for group, p, g, state in grads:
-            if p.numel() == 1:
-                tot += (g ** 2).sum() * group["scalar_lr_scale"] ** 2
-            else:
-                tot += ((g * state["param_rms"]) ** 2).sum()
-        norm = tot.sqrt()
+        device = sq_norms[0].device
+        norm = torch.stack([t.reshape(()) for t in sq_norms]).sum().sqrt()
         if clip["norms"] is None:
             clip["norms"] = torch.zeros(period, device=device, dtype=torch.float32)
         clip["norms"][step % period] = norm
@@ -151,13 +159,114 @@ class ScaledAdam(Optimizer):
                 if len(state) == 0:
                     self._init_state(group, p, state)
                 todo.append((group, p, p.grad.float(), state))
-        factor = self._clipping_factor(todo)
-        for group, p, g, state in todo:
-            if factor != 1.0:
-                g = g * factor
-            self._step_one(group, p, g, state)
+        batched = self.batched if self.batched is not None else bool(todo) and todo[0][1].device.type != "cpu"
+        if batched:
+            self._step_batched(todo)
+        else:
+            sq_norms = []
+            if self._clipping_active():
+                for group, p, g, state in todo:
+                    sq_norms.append((g ** 2).sum() * group["scalar_lr_scale"] ** 2 if p.numel() == 1
+                                    else ((g * state["param_rms"]) ** 2).sum())
+            factor = self._clipping_factor(sq_norms)
+            for group, p, g, state in todo:
+                if factor != 1.0:
+                    g = g * factor
+                self._step_one(group, p, g, state)
         self._clip["step"] += 1
         return loss
+
+    # ---- batched step -----------------------------------------------------------------------------------------
+    def _step_batched(self, todo: List[Tuple[dict, Tensor, Tensor, dict]]) -> None:
+        buckets: Dict[tuple, List[Tuple[dict, Tensor, Tensor, dict]]] = {}
+        for item in todo:
+            group, p, _, state = item
+            key = (id(group), tuple(p.shape), p.dtype, p.device, state["step"])
+            buckets.setdefault(key, []).append(item)
+        stacked = []
+        for items in buckets.values():
+            group, p0, _, state0 = items[0]
+            low_precision = "param_fp32" in state0
+            if low_precision:
+                for _, p, _, state in items:
+                    if not torch.equal(state["param_fp32"].to(p.dtype), p.data):
+                        state["param_fp32"].copy_(p.data.float())  # changed outside the optimizer: resync
+            st = {"pf": torch.stack([st["param_fp32"] if low_precision else p.data for _, p, _, st in items]),
+                  "g": torch.stack([g for _, _, g, _ in items])}
+            for k in ("delta", "exp_avg_sq", "param_rms", "scale_exp_avg_sq", "scale_grads"):
+                if k in state0:
+                    st[k] = torch.stack([it[3][k] for it in items])
+            stacked.append((group, items, st))
+        sq_norms = []
+        if self._clipping_active():
+            for group, items, st in stacked:
+                if "param_rms" in st:
+                    sq_norms.append((st["g"] * _bcast(st["param_rms"], st["g"])).square().sum())
+                else:
+                    sq_norms.append(st["g"].square().sum() * group["scalar_lr_scale"] ** 2)
+        factor = self._clipping_factor(sq_norms)
+        for group, items, st in stacked:
+            if factor != 1.0:
+                st["g"].mul_(factor)
+            step = items[0][3]["step"]
+            st["delta"].mul_(group["betas"][0])
+            if "param_rms" in st:
+                self._step_tensors_batched(group, st, step)
+            else:
+                self._step_scalars_batched(group, st, step)
+            for k, v in st.items():
+                if k == "g":
+                    continue
+                if k == "pf":
+                    dst = [it[3]["param_fp32"] if "param_fp32" in it[3] else it[1].data for it in items]
+                else:
+                    dst = [it[3][k] for it in items]
+                torch._foreach_copy_(dst, list(v.unbind(0)))
+            if "param_fp32" in items[0][3]:
+                torch._foreach_copy_([it[1].data for it in items], list(st["pf"].unbind(0)))
+            for it in items:
+                it[3]["step"] = step + 1
+
+    def _step_tensors_batched(self, group: dict, st: Dict[str, Tensor], step: int) -> None:
+        """:meth:`_step_one` for K stacked tensors (leading dim K; per-tensor statistics over the rest)."""
+        beta1, beta2 = group["betas"]
+        pf, g, delta = st["pf"], st["g"], st["delta"]
+        period = group["size_update_period"]
+        st["scale_grads"][:, step % period] = (pf * g).flatten(1).sum(1)
+        if step % period == period - 1:
+            st["param_rms"] = pf.square().flatten(1).mean(1).sqrt().unsqueeze(1)
+            if step > 0:
+                # _size_update, per row
+                size_lr = group["lr"] * group["scalar_lr_scale"]
+                scale_grads, param_rms, sea = st["scale_grads"], st["param_rms"], st["scale_exp_avg_sq"]
+                beta2_corr = beta2 ** period
+                sea.mul_(beta2_corr).add_(scale_grads.square().mean(1, keepdim=True), alpha=1 - beta2_corr)
+                bias_correction2 = 1 - beta2_corr ** ((step + 1) // period)
+                scale_step = scale_grads.sum(1, keepdim=True).div_(sea.sqrt().add_(group["eps"]))
+                scale_step.mul_(-size_lr * (bias_correction2 ** 0.5))
+                scale_step = scale_step.masked_fill(param_rms < group["param_min_rms"], 0.0)
+                scale_step = torch.minimum(scale_step, (group["param_max_rms"] - param_rms) / param_rms)
+                delta.add_(pf * _bcast(scale_step, pf), alpha=1 - beta1)
+        exp_avg_sq = st["exp_avg_sq"]
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        bias_correction2 = 1 - beta2 ** (step + 1)
+        if bias_correction2 < 0.99:
+            exp_avg_sq = exp_avg_sq * (1.0 / bias_correction2)
+        denom = exp_avg_sq.sqrt().add_(group["eps"])
+        alpha = st["param_rms"].clamp(min=group["param_min_rms"]).mul(-group["lr"] * (1 - beta1))
+        delta.add_(g.div(denom).mul_(_bcast(alpha, g)))
+        pf.add_(delta)
+
+    def _step_scalars_batched(self, group: dict, st: Dict[str, Tensor], step: int) -> None:
+        beta1, beta2 = group["betas"]
+        lr = group["lr"] * group["scalar_lr_scale"]
+        g, exp_avg_sq = st["g"], st["exp_avg_sq"]
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        bias_correction2 = 1 - beta2 ** (step + 1)
+        denom = (exp_avg_sq / bias_correction2).sqrt() + group["eps"]
+        st["delta"].add_(g / denom, alpha=-lr * (1 - beta1))
+        st["pf"].clamp_(min=-group["scalar_max"], max=group["scalar_max"])
+        st["pf"].add_(st["delta"])
 
     def _step_one(self, group: dict, p: Tensor, g: Tensor, state: dict) -> None:
         low_precision = "param_fp32" in state
@@ -221,6 +330,11 @@ class ScaledAdam(Optimizer):
         state["delta"].add_(g / denom, alpha=-lr * (1 - beta1))
         pf.clamp_(min=-group["scalar_max"], max=group["scalar_max"])
         pf.add_(state["delta"])
+
+
+def _bcast(per_row: Tensor, like: Tensor) -> Tensor:
+    """(K, 1) per-tensor values viewed to broadcast against a stacked (K, ...) tensor."""
+    return per_row.reshape((like.shape[0],) + (1,) * (like.ndim - 1))
 
 
 def get_parameter_groups_with_lrs(model: nn.Module, lr: float, include_names: bool = False,

@@ -325,3 +325,65 @@ def test_configure_streaming_fixes_the_decoding_chunk():
         configure_streaming(plain, 32, 64)
     conformer = build_transducer(encoder="conformer", size="tiny", vocab_size=16, encoder_overrides={"num_layers": 1})
     assert configure_streaming(conformer, None, None) == ""
+
+
+def _balancer_grad_by_autograd(x, g, limits, grad_scale, channel_dim):
+    """icefall's formulation: autograd through the per-channel statistics' penalty, in float64."""
+    min_mean, max_mean, min_rms, max_rms = limits
+    xf = x.detach().double().requires_grad_(True)
+    dims = [i for i in range(x.ndim) if i != channel_dim % x.ndim]
+    mean = xf.mean(dim=dims, keepdim=True)
+    msq = (xf ** 2).mean(dim=dims, keepdim=True)
+    std = (msq - mean ** 2).sqrt()
+    rms = msq.sqrt()
+    m = mean / std
+    loss = ((m - m.clamp(min_mean, max_mean)).abs() + (rms.clamp(min_rms, max_rms) / rms).log().abs()).sum()
+    (lg,) = torch.autograd.grad(loss, xf)
+    lg_rms = (lg ** 2).mean(dim=dims, keepdim=True).sqrt().clamp(min=1e-20)
+    gd = g.double()
+    return gd + gd.abs() * lg * (grad_scale / lg_rms)
+
+
+@pytest.mark.parametrize("channel_dim,shape", [(-1, (7, 3, 6)), (1, (3, 6, 5, 4))])
+def test_balancer_grad_matches_autograd_of_its_penalty(channel_dim, shape):
+    from asrprec.models.zipformer.scaling import balancer_grad
+
+    torch.manual_seed(11)
+    x = torch.randn(*shape, dtype=torch.float64)
+    c = x.shape[channel_dim]
+    view = [1] * x.ndim
+    view[channel_dim] = c
+    # per channel: mean too high, mean too low, rms too small, rms too large, both violated, within limits
+    shift = torch.tensor([3.0, -3.0, 0.0, 0.0, 2.5, 0.1]).reshape(view)
+    scale = torch.tensor([1.0, 1.0, 0.05, 20.0, 0.02, 1.0]).reshape(view)
+    x = x * scale + shift * scale
+    g = torch.randn_like(x)
+    limits = (-1.0, 1.0, 0.5, 4.0)
+    got = balancer_grad(x, g, limits, 0.04, channel_dim)
+    want = _balancer_grad_by_autograd(x, g, limits, 0.04, channel_dim)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    within = [slice(None)] * x.ndim
+    within[channel_dim] = 5
+    assert torch.equal(got[tuple(within)], g[tuple(within)])  # no extra term inside the limits
+    assert not torch.allclose(got, g)  # and the violating channels do get one
+
+
+def test_balancer_module_backward_in_fp32_and_bf16():
+    from asrprec.models.zipformer.scaling import Balancer, _abs_to_rms, _proportion_positive_to_mean
+
+    torch.manual_seed(12)
+    b = Balancer(4, channel_dim=-1, min_positive=0.3, max_positive=0.7, min_abs=0.5, max_abs=2.0, prob=1.0).train()
+    x32 = torch.randn(50, 4) * torch.tensor([1.0, 0.1, 10.0, 1.0]) + torch.tensor([0.0, 0.0, 0.0, 3.0])
+    g = torch.randn(50, 4)
+    limits = (_proportion_positive_to_mean(0.3), _proportion_positive_to_mean(0.7), _abs_to_rms(0.5),
+              _abs_to_rms(2.0))
+    want = _balancer_grad_by_autograd(x32, g, limits, 0.04, -1)
+    x = x32.clone().requires_grad_(True)
+    (gx,) = torch.autograd.grad(b(x), x, g)
+    torch.testing.assert_close(gx.double(), want, rtol=1e-4, atol=1e-6)
+    xb = x32.bfloat16().requires_grad_(True)
+    (gb,) = torch.autograd.grad(b(xb), xb, g.bfloat16())
+    assert gb.dtype == torch.bfloat16
+    # statistics from the bf16-rounded input; the result rounded to bf16
+    want_b = _balancer_grad_by_autograd(x32.bfloat16(), g.bfloat16(), limits, 0.04, -1)
+    torch.testing.assert_close(gb.double(), want_b, rtol=2e-2, atol=2e-2)

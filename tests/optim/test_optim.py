@@ -156,5 +156,47 @@ def test_clipping_limits_outlier_step():
         opt.step()
     assert opt._clip["threshold"] is not None
     w.grad = 1000 * torch.randn(4, 4)
-    factor = opt._clipping_factor([(opt.param_groups[0], w, w.grad, opt.state[w])])
+    factor = opt._clipping_factor([((w.grad * opt.state[w]["param_rms"]) ** 2).sum()])
     assert factor < 0.01
+
+
+def _mixed_params(seed):
+    """Shapes shared and unshared, scalars, a bf16 tensor and bf16 scalar, two lr groups."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(8, 5), (8, 5), (8, 5), (5,), (5,), (3, 4, 2), (), (), ()]
+    ps = [nn.Parameter(torch.randn(s, generator=g) * 0.3) for s in shapes]
+    ps += [nn.Parameter((torch.randn(8, 5, generator=g) * 0.3).bfloat16()),
+           nn.Parameter(torch.tensor(0.5).bfloat16())]
+    return ps
+
+
+@pytest.mark.parametrize("clipping_scale", [None, 2.0])
+def test_batched_scaled_adam_matches_one_tensor_at_a_time(clipping_scale):
+    """The stacked update (default) against the per-tensor loop: same parameters and state after steps that
+    cross size updates (every 4), the irregular clipping updates (step 10) and skipped (None) gradients."""
+    pa, pb = _mixed_params(0), _mixed_params(0)
+    kw = dict(lr=0.05, clipping_scale=clipping_scale, clipping_update_period=12)
+    opts = []
+    for ps, batched in ((pa, True), (pb, False)):
+        groups = [{"params": ps[:5] + ps[9:]}, {"params": ps[5:9], "lr": 0.02}]
+        opts.append(ScaledAdam(groups, batched=batched, **kw))  # CPU: batched=None would not batch
+    g = torch.Generator().manual_seed(1)
+    for step in range(30):
+        grads = [torch.randn(p.shape, generator=g) * (10.0 if step == 25 else 1.0) for p in pa]
+        for ps, opt in zip((pa, pb), opts):
+            for i, (p, gr) in enumerate(zip(ps, grads)):
+                # parameter 1 (shares its shape with 0 and 2) and a scalar skip some steps
+                p.grad = None if (i in (1, 7) and step % 3 == 1) else gr.to(p.dtype)
+            opt.step()
+    for a, b in zip(pa, pb):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-5, atol=1e-6)
+        sa, sb = opts[0].state[a], opts[1].state[b]
+        assert sa.keys() == sb.keys() and sa["step"] == sb["step"]
+        for k in sa:
+            if isinstance(sa[k], torch.Tensor):
+                assert sa[k].dtype == sb[k].dtype == torch.float32, k
+                torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-6)
+    assert opts[0].state[pa[1]]["step"] == 20  # skipped steps are not counted
+    if clipping_scale is not None:
+        assert opts[0]._clip["threshold"] == pytest.approx(opts[1]._clip["threshold"], rel=1e-5)
