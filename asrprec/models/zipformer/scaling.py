@@ -540,7 +540,7 @@ def balancer_grad(x: Tensor, g: Tensor, limits: Tuple[float, float, float, float
     with m_c = mean/stddev and r_c = RMS of channel c (icefall scaling.py ``BalancerFunction``).
 
     icefall gets lg by running autograd through those statistics (~20 passes over x). Per channel lg is affine in
-    x, lg = A + B x, so it is written out here (4 elementwise passes plus one ``var_mean``):
+    x, lg = A + B x, so it is written out here (4 elementwise passes plus two per-channel means):
     with N elements per channel, s_m = sign of the mean violation, s_r = sign of the RMS violation,
     dL/dmean = s_m (1 + m^2) / std and dL/d(mean x^2) = -s_m m / (2 std^2) + s_r / (2 rms^2), so
     N lg = s_m (1 + m^2) / std + (-s_m m / std^2 + s_r / rms^2) x = s_m (1 - m y) / std + s_r x / rms^2 with
