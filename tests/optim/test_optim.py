@@ -172,8 +172,9 @@ def _mixed_params(seed):
 
 @pytest.mark.parametrize("clipping_scale", [None, 2.0])
 def test_batched_scaled_adam_matches_one_tensor_at_a_time(clipping_scale):
-    """The stacked update (forced on; the CPU default is per tensor) against the per-tensor loop: same parameters and state after steps that
-    cross size updates (every 4), the irregular clipping updates (step 10) and skipped (None) gradients."""
+    """The stacked update (forced on; the CPU default is per tensor) against the per-tensor loop: same
+    parameters and state after steps that cross size updates (every 4), the irregular clipping updates (step 10)
+    and skipped (None) gradients."""
     pa, pb = _mixed_params(0), _mixed_params(0)
     kw = dict(lr=0.05, clipping_scale=clipping_scale, clipping_update_period=12)
     opts = []
