@@ -296,6 +296,80 @@ def test_frontend_channels_set_the_front_end_widths():
         zipformer_config("tiny", frontend_channels=(8, 32))
 
 
+
+@pytest.mark.parametrize("ratio", [0, 1, 2])
+def test_convnext_hidden_ratio_sets_or_removes_the_convnext(ratio):
+    c1, c2, c3 = 4, 8, 16
+    enc = build_zipformer_encoder(size="tiny", frontend_channels=(c1, c2, c3), convnext_hidden_ratio=ratio)
+    fe = enc.encoder_embed
+    d = fe.out.out_features
+    # textbook counts: three 3x3 convs, the ConvNeXt (depthwise 7x7, 1x1 up by `ratio`, 1x1 down), the projection
+    convs = (9 * c1 + c1) + (9 * c1 * c2 + c2) + (9 * c2 * c3 + c3)
+    convnext = (49 * c3 + c3) + (c3 * ratio * c3 + ratio * c3) + (ratio * c3 * c3 + c3) if ratio else 0
+    got = sum(p.numel() for n, p in fe.named_parameters() if not n.startswith("out_norm"))
+    assert got == convs + convnext + (19 * c3 * d + d)
+    assert (fe.convnext is None) == (ratio == 0)
+    enc.eval()
+    out, lens = enc(torch.randn(2, 107, 80), torch.tensor([107, 60]))
+    assert lens.tolist() == [((107 - 7) // 2 + 1) // 2, ((60 - 7) // 2 + 1) // 2]
+    assert torch.isfinite(out).all()
+
+
+def test_convnext_hidden_ratio_and_dropout_errors():
+    with pytest.raises(ValueError, match="convnext_hidden_ratio"):
+        zipformer_config("tiny", convnext_hidden_ratio=-1)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="dropout"):
+            zipformer_config("tiny", dropout=bad)
+
+
+def test_dropout_constant_or_icefall_schedule():
+    def ff_rates(enc):
+        return {round(float(m.out_proj.dropout_p), 6) for n, m in enc.named_modules()
+                if type(m).__name__ == "FeedforwardModule"}
+
+    enc = build_zipformer_encoder(size="tiny")
+    set_batch_count(enc, 0.0)
+    assert ff_rates(enc) == {0.3} and float(enc.encoder_embed.dropout.p) == 0.3
+    set_batch_count(enc, 20000.0)
+    assert ff_rates(enc) == {0.1} and float(enc.encoder_embed.dropout.p) == pytest.approx(0.1)
+    enc = build_zipformer_encoder(size="tiny", dropout=0.05)
+    for n in (0.0, 20000.0):
+        set_batch_count(enc, n)
+        assert ff_rates(enc) == {0.05} and float(enc.encoder_embed.dropout.p) == 0.05
+
+
+def test_convolution_module_matches_a_conv1d_reference():
+    """The non-causal conv module (depthwise conv run as a channels-last 2-D conv) against the textbook
+    Conv1d formulation, written out in float64: values and the input gradient, with padded frames."""
+    from asrprec.models.zipformer.layers import ConvolutionModule
+
+    torch.manual_seed(3)
+    m = ConvolutionModule(12, kernel_size=7, causal=False).double().eval()
+    T, B = 9, 3
+    x = torch.randn(T, B, 12, dtype=torch.float64, requires_grad=True)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[1, 6:] = True
+    mask[2, 4:] = True
+
+    def reference(x):
+        h = F.linear(x, m.in_proj.weight, m.in_proj.bias)
+        a, gate = h.chunk(2, dim=-1)
+        a = (a * torch.sigmoid(gate)).permute(1, 2, 0)  # (B, D, T)
+        a = a.masked_fill(mask.unsqueeze(1), 0.0)
+        a = F.conv1d(a, m.depthwise_conv.weight, m.depthwise_conv.bias, padding=3, groups=12)
+        a = a.permute(2, 0, 1)
+        a = F.softplus(a - 1.0) - 0.08 * a - 0.313261687  # SwooshR by its formula (exact autograd derivative)
+        return F.linear(a, m.out_proj.weight, m.out_proj.bias)
+
+    got = m(x, key_padding_mask=mask)
+    want = reference(x)
+    torch.testing.assert_close(got, want)
+    g = torch.randn_like(got)
+    (gx,) = torch.autograd.grad(got, x, g)
+    (wx,) = torch.autograd.grad(want, x, g)
+    torch.testing.assert_close(gx, wx)
+
 def test_configure_streaming_fixes_the_decoding_chunk():
     from asrprec.models import build_transducer, configure_streaming
 

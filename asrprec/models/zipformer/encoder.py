@@ -27,6 +27,16 @@ def make_pad_mask(lens: Tensor, max_len: int) -> Tensor:
     return torch.arange(max_len, device=lens.device).unsqueeze(0) >= lens.unsqueeze(1)
 
 
+def zipformer_dropout(rate: Optional[float] = None) -> Union[float, ScheduledFloat]:
+    """A constant dropout ``rate``, or icefall's schedule 0.3 -> 0.1 over 20,000 batches when ``rate`` is None
+    (k2-fsa/icefall egs/librispeech/ASR/zipformer/zipformer.py, Zipformer2 and Conv2dSubsampling defaults)."""
+    if rate is None:
+        return ScheduledFloat((0.0, 0.3), (20000.0, 0.1))
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {rate}")
+    return float(rate)
+
+
 class Zipformer2(nn.Module):
     """The stacks, without the front-end. forward(x (T,B,D0), x_lens (B,), key_padding_mask (B,T)) ->
     ((ceil(T/2), B, max(encoder_dim)), (x_lens+1)//2). Time-major internally, as in icefall."""
@@ -37,7 +47,7 @@ class Zipformer2(nn.Module):
                  num_heads: Sequence[int], feedforward_dim: Sequence[int], cnn_module_kernel: Sequence[int],
                  pos_dim: int, output_downsampling_factor: int = 2, warmup_batches: float = 4000.0,
                  causal: bool = False, chunk_size: Sequence[int] = (-1,),
-                 left_context_frames: Sequence[int] = (-1,)):
+                 left_context_frames: Sequence[int] = (-1,), dropout: Optional[float] = None):
         super().__init__()
         if output_downsampling_factor != 2:
             raise ValueError("output_downsampling_factor must be 2 (lengths are (L+1)//2)")
@@ -48,7 +58,8 @@ class Zipformer2(nn.Module):
         self.causal = causal
         self.chunk_size = tuple(chunk_size)
         self.left_context_frames = tuple(left_context_frames)
-        dropout = ScheduledFloat((0.0, 0.3), (20000.0, 0.1))
+        # feed-forward dropout: icefall's schedule (0.3 -> 0.1 over 20k batches) unless a constant rate is given
+        dropout = zipformer_dropout(dropout)
         n = len(downsampling_factor)
         encoders: List[nn.Module] = []
         for i in range(n):

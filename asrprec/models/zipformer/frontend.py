@@ -90,7 +90,7 @@ class Conv2dSubsampling(nn.Module):
     """
 
     def __init__(self, in_channels: int, out_channels: int, layer1_channels: int = 8, layer2_channels: int = 32,
-                 layer3_channels: int = 128, dropout: FloatLike = 0.1):
+                 layer3_channels: int = 128, dropout: FloatLike = 0.1, convnext_hidden_ratio: int = 3):
         super().__init__()
         if in_channels < 7:
             raise ValueError(f"Conv2dSubsampling needs at least 7 feature bins, got {in_channels}")
@@ -107,7 +107,11 @@ class Conv2dSubsampling(nn.Module):
             Balancer(layer3_channels, channel_dim=1, max_abs=4.0),
             SwooshR(),
         )
-        self.convnext = ConvNeXt(layer3_channels, kernel_size=(7, 7))
+        if convnext_hidden_ratio < 0:
+            raise ValueError(f"convnext_hidden_ratio must be >= 0 (0 = no ConvNeXt), got {convnext_hidden_ratio}")
+        # icefall always has the ConvNeXt (hidden ratio 3); 0 leaves it out (a cheaper front-end for CPU models)
+        self.convnext = ConvNeXt(layer3_channels, hidden_ratio=convnext_hidden_ratio, kernel_size=(7, 7)) \
+            if convnext_hidden_ratio else None
         self.out_width = (((in_channels - 1) // 2) - 1) // 2
         self.out = Linear(self.out_width * layer3_channels, out_channels)
         self.out_whiten = Whiten(num_groups=1, whitening_limit=ScheduledFloat((0.0, 4.0), (20000.0, 8.0), default=4.0),
@@ -119,7 +123,10 @@ class Conv2dSubsampling(nn.Module):
         """x: (B, T, F) float; x_lens: (B,) int. Returns ((B, (T-7)//2, D), (B,) lengths (x_lens-7)//2)."""
         # channels-last from the first conv's output on (cheap at 8 channels): the later convs then produce
         # channels-last outputs, which the ConvNeXt wants (see there) and which makes the flatten below free.
-        x = self.conv[0](x.unsqueeze(1)).contiguous(memory_format=torch.channels_last)
+        # (B, 1, T, F) is both layouts at once; marking it channels-last makes oneDNN run the 1 -> C1 conv and its
+        # weight gradient channels-last (1.5x faster on CPU than NCHW plus a conversion; same math)
+        x = self.conv[0](x.unsqueeze(1).contiguous(memory_format=torch.channels_last))
+        x = x.contiguous(memory_format=torch.channels_last)  # no-op where the conv already returned channels-last
         for layer in self.conv[1:]:
             x = layer(x)  # ends (B, C, (T-7)//2, F') with channels-last strides
         out_lens = torch.div(x_lens - 7, 2, rounding_mode="floor")
@@ -127,7 +134,8 @@ class Conv2dSubsampling(nn.Module):
         valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)  # (B, T')
         if not bool(valid.all()):
             x = x * valid[:, None, :, None].to(x.dtype)
-        x = self.convnext(x)
+        if self.convnext is not None:
+            x = self.convnext(x)
         b, c, t, f = x.shape
         # icefall flattens (B, T, C, F'); equivalently flatten the channels-last order (B, T, F', C) and permute
         # the (small) weight's input dim to match, avoiding a copy of the activations.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from .encoder import Zipformer2, ZipformerEncoder
+from .encoder import Zipformer2, ZipformerEncoder, zipformer_dropout
 from .frontend import Conv2dSubsampling
 
 _PER_STACK = ("num_encoder_layers", "feedforward_dim", "encoder_dim", "encoder_unmasked_dim", "num_heads",
@@ -37,6 +37,11 @@ class ZipformerConfig:
     output_downsampling_factor: int = 2
     # Conv2dSubsampling's three conv widths (the ConvNeXt runs at the last); icefall's are (8, 32, 128)
     frontend_channels: Tuple[int, ...] = (8, 32, 128)
+    # the front-end ConvNeXt's hidden width / channels (icefall: 3); 0 builds the front-end without the ConvNeXt
+    convnext_hidden_ratio: int = 3
+    # dropout of the feed-forward modules and the front-end output: None = icefall's schedule 0.3 -> 0.1 over
+    # 20,000 batches; a number = that constant rate
+    dropout: Optional[float] = None
     warmup_batches: float = 4000.0
     causal: bool = False
     # chunked causal training (50 Hz frames); icefall train.py defaults
@@ -60,6 +65,13 @@ class ZipformerConfig:
         if len(self.frontend_channels) != 3 or min(self.frontend_channels) < 1:
             raise ValueError(f"frontend_channels must be three positive widths, got {self.frontend_channels}")
         object.__setattr__(self, "frontend_channels", tuple(int(c) for c in self.frontend_channels))
+        if int(self.convnext_hidden_ratio) < 0:
+            raise ValueError(f"convnext_hidden_ratio must be >= 0 (0 = no ConvNeXt), got {self.convnext_hidden_ratio}")
+        object.__setattr__(self, "convnext_hidden_ratio", int(self.convnext_hidden_ratio))
+        if self.dropout is not None:
+            if not 0.0 <= float(self.dropout) < 1.0:
+                raise ValueError(f"dropout must be None (icefall's schedule) or in [0, 1), got {self.dropout}")
+            object.__setattr__(self, "dropout", float(self.dropout))
         object.__setattr__(self, "chunk_size", tuple(int(c) for c in self.chunk_size))
         object.__setattr__(self, "left_context_frames", tuple(int(c) for c in self.left_context_frames))
         for u, d in zip(self.encoder_unmasked_dim, self.encoder_dim):
@@ -132,7 +144,8 @@ def build_zipformer_encoder(*, size: str = "medium", causal: bool = False, **ove
 def build_from_config(cfg: ZipformerConfig) -> ZipformerEncoder:
     c1, c2, c3 = cfg.frontend_channels
     embed = Conv2dSubsampling(cfg.num_features, cfg.encoder_dim[0], layer1_channels=c1, layer2_channels=c2,
-                              layer3_channels=c3, dropout=_frontend_dropout())
+                              layer3_channels=c3, dropout=zipformer_dropout(cfg.dropout),
+                              convnext_hidden_ratio=cfg.convnext_hidden_ratio)
     enc = Zipformer2(
         downsampling_factor=cfg.downsampling_factor, encoder_dim=cfg.encoder_dim,
         num_encoder_layers=cfg.num_encoder_layers, encoder_unmasked_dim=cfg.encoder_unmasked_dim,
@@ -141,12 +154,8 @@ def build_from_config(cfg: ZipformerConfig) -> ZipformerEncoder:
         pos_dim=cfg.pos_dim, output_downsampling_factor=cfg.output_downsampling_factor,
         warmup_batches=cfg.warmup_batches, causal=cfg.causal,
         chunk_size=cfg.chunk_size if cfg.causal else (-1,),
-        left_context_frames=cfg.left_context_frames if cfg.causal else (-1,))
+        left_context_frames=cfg.left_context_frames if cfg.causal else (-1,), dropout=cfg.dropout)
     model = ZipformerEncoder(embed, enc, cfg.num_features)
     model.config = cfg
     return model
 
-
-def _frontend_dropout():
-    from .scaling import ScheduledFloat
-    return ScheduledFloat((0.0, 0.3), (20000.0, 0.1))
