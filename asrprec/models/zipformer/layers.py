@@ -97,8 +97,9 @@ class ConvolutionModule(nn.Module):
             if key_padding_mask is not None:
                 x = x.masked_fill(key_padding_mask.unsqueeze(-1), 0.0)
             # The depthwise conv as a 2-D conv over (B, D, 1, T) in channels-last memory, i.e. on the (B, T, D)
-            # tensor without a transpose: oneDNN's depthwise kernels are ~1.6x faster this way on CPU (forward
-            # plus backward, tiny/small shapes) than nn.Conv1d on (B, D, T). Same weights and math.
+            # tensor without a transpose: oneDNN's depthwise kernels are 1.1-1.65x faster this way on CPU
+            # (forward plus backward, tiny shapes, benchmarks/RESULTS.md) than nn.Conv1d on (B, D, T).
+            # Same weights and math.
             w = self.depthwise_conv.weight
             x = F.conv2d(x.permute(0, 2, 1).unsqueeze(2), w.unsqueeze(2), self.depthwise_conv.bias,
                          padding=(0, w.shape[-1] // 2), groups=w.shape[0]).squeeze(2)  # (B, D, T)

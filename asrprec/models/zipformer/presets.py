@@ -68,10 +68,8 @@ class ZipformerConfig:
         if int(self.convnext_hidden_ratio) < 0:
             raise ValueError(f"convnext_hidden_ratio must be >= 0 (0 = no ConvNeXt), got {self.convnext_hidden_ratio}")
         object.__setattr__(self, "convnext_hidden_ratio", int(self.convnext_hidden_ratio))
-        if self.dropout is not None:
-            if not 0.0 <= float(self.dropout) < 1.0:
-                raise ValueError(f"dropout must be None (icefall's schedule) or in [0, 1), got {self.dropout}")
-            object.__setattr__(self, "dropout", float(self.dropout))
+        if self.dropout is not None:  # zipformer_dropout checks the range
+            object.__setattr__(self, "dropout", zipformer_dropout(float(self.dropout)))
         object.__setattr__(self, "chunk_size", tuple(int(c) for c in self.chunk_size))
         object.__setattr__(self, "left_context_frames", tuple(int(c) for c in self.left_context_frames))
         for u, d in zip(self.encoder_unmasked_dim, self.encoder_dim):
