@@ -328,7 +328,7 @@ def test_dropout_constant_or_icefall_schedule():
         return {round(float(m.out_proj.dropout_p), 6) for n, m in enc.named_modules()
                 if type(m).__name__ == "FeedforwardModule"}
 
-    enc = build_zipformer_encoder(size="tiny")
+    enc = build_zipformer_encoder(size="tiny", dropout=None)  # the tiny preset itself has dropout 0
     set_batch_count(enc, 0.0)
     assert ff_rates(enc) == {0.3} and float(enc.encoder_embed.dropout.p) == 0.3
     set_batch_count(enc, 20000.0)
@@ -337,6 +337,8 @@ def test_dropout_constant_or_icefall_schedule():
     for n in (0.0, 20000.0):
         set_batch_count(enc, n)
         assert ff_rates(enc) == {0.05} and float(enc.encoder_embed.dropout.p) == 0.05
+    assert zipformer_config("tiny").dropout == 0.0 and zipformer_config("small").dropout is None
+    assert ff_rates(build_zipformer_encoder(size="tiny")) == {0.0}
 
 
 def test_convolution_module_matches_a_conv1d_reference():
