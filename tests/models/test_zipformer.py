@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from asrprec.models.zipformer import build_zipformer_encoder, set_batch_count, swoosh_l, swoosh_r, zipformer_config
+from asrprec.models.zipformer.layers import Zipformer2EncoderLayer
 from asrprec.models.zipformer.scaling import ActivationDropoutAndLinear, BiasNorm, ScheduledFloat, softmax
 
 # k2-fsa/icefall egs/librispeech/ASR/RESULTS.md and REFERENCE.md §2 (front-end / Zipformer2 / head / total)
@@ -58,10 +59,19 @@ def test_causal_medium_matches_streaming_count():
     assert round(total / 1e6, 2) == 66.11
 
 
+# icefall's six-stack layout (1, 2, 4, 8, 4, 2) at tiny widths: the structural tests run on it as well as on the
+# three-stack ``tiny`` preset, so the 8x stack and the unequal-width bypasses stay covered.
+SIX_STACK = dict(downsampling_factor=(1, 2, 4, 8, 4, 2), encoder_dim=(64, 96, 96, 96, 96, 96),
+                 feedforward_dim=(192, 256, 256, 256, 256, 256), cnn_module_kernel=(15, 15, 7, 7, 7, 15))
+
+
 def test_tiny_is_small():
     with torch.device("meta"):
         enc = build_zipformer_encoder(size="tiny")
-    assert 1e6 <= _count(enc) <= 3e6
+        six = build_zipformer_encoder(size="tiny", **SIX_STACK)
+    assert enc.encoder.downsampling_factor == (2, 4, 2)
+    assert 0.5e6 <= _count(enc) <= 3e6
+    assert _count(enc) < _count(six) <= 3e6
 
 
 def test_config_errors():
@@ -69,14 +79,17 @@ def test_config_errors():
         build_zipformer_encoder(size="tiny", encoder_dims=(1,))
     with pytest.raises(ValueError, match="unknown Zipformer size"):
         build_zipformer_encoder(size="huge")
-    with pytest.raises(ValueError, match="entries but there are 6 stacks"):
+    with pytest.raises(ValueError, match="entries but there are 3 stacks"):
         build_zipformer_encoder(size="tiny", num_encoder_layers=(1, 2))
+    with pytest.raises(ValueError, match="entries but there are 6 stacks"):
+        build_zipformer_encoder(size="tiny", **SIX_STACK, num_encoder_layers=(1, 2))
 
 
-@pytest.fixture(scope="module")
-def tiny():
+@pytest.fixture(scope="module", params=["three-stack", "six-stack"])
+def tiny(request):
     torch.manual_seed(0)
-    return build_zipformer_encoder(size="tiny").eval()
+    overrides = SIX_STACK if request.param == "six-stack" else {}
+    return build_zipformer_encoder(size="tiny", **overrides).eval()
 
 
 def test_output_lengths(tiny):
@@ -107,9 +120,10 @@ def test_padding_invariance(tiny):
             torch.testing.assert_close(y[i, : int(yli)], yi[0], atol=2e-5, rtol=1e-4)
 
 
-def test_causal_chunks_ignore_future():
+@pytest.mark.parametrize("overrides", [{}, SIX_STACK], ids=["three-stack", "six-stack"])
+def test_causal_chunks_ignore_future(overrides):
     torch.manual_seed(2)
-    enc = build_zipformer_encoder(size="tiny", causal=True).eval()
+    enc = build_zipformer_encoder(size="tiny", causal=True, **overrides).eval()
     chunk = 16  # 50 Hz frames
     t_in = 160
     x = torch.randn(1, t_in, 80)
@@ -129,7 +143,7 @@ def test_causal_chunks_ignore_future():
         yf1, _ = enc(x2, lens, chunk_size=-1)
         assert (yf1[:, :n_out] - yf0[:, :n_out]).abs().max() > 1e-3
     with pytest.raises(ValueError, match="multiple of every downsampling factor"):
-        enc(x, lens, chunk_size=12)
+        enc(x, lens, chunk_size=6)
 
 
 def test_noncausal_rejects_chunking(tiny):
@@ -173,11 +187,11 @@ def test_training_step_finite(policy):
         assert y.dtype == torch.float32
 
 
-def test_set_batch_count_drives_schedules(tiny):
+def test_set_batch_count_drives_schedules():
     enc = build_zipformer_encoder(size="tiny").train()
     sfs = [m for m in enc.modules() if isinstance(m, ScheduledFloat)]
     assert sfs
-    layer = enc.encoder.encoders[0].layers[0]
+    layer = next(m for m in enc.modules() if isinstance(m, Zipformer2EncoderLayer))
     assert float(layer.attention_skip_rate) == 0.0  # batch count unset -> default
     enc.set_batch_count(0)
     assert float(layer.attention_skip_rate) == pytest.approx(0.2)
@@ -372,6 +386,7 @@ def test_convolution_module_matches_a_conv1d_reference():
     (wx,) = torch.autograd.grad(want, x, g)
     torch.testing.assert_close(gx, wx)
 
+
 def test_configure_streaming_fixes_the_decoding_chunk():
     from asrprec.models import build_transducer, configure_streaming
 
@@ -384,7 +399,7 @@ def test_configure_streaming_fixes_the_decoding_chunk():
     with pytest.raises(ValueError, match="left context"):
         configure_streaming(model, 32, None)
     with pytest.raises(ValueError, match="multiple of every downsampling factor"):
-        configure_streaming(model, 12, 64)
+        configure_streaming(model, 6, 64)
     assert configure_streaming(model, 32, 64) == "chunk-32-left-64"
     with torch.no_grad():
         explicit, _ = model.encoder(x, lens, chunk_size=32, left_context_frames=64)

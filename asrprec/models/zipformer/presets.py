@@ -1,8 +1,8 @@
 """Typed Zipformer configs, the named presets and the public builder.
 
 small / medium / large are the icefall LibriSpeech configs (k2-fsa/icefall egs/librispeech/ASR/RESULTS.md,
-PR #1058; medium = zipformer/train.py defaults). ``tiny`` is ours: about 1.3 M encoder parameters and no dropout,
-for the embedded recipe and CPU tests.
+PR #1058; medium = zipformer/train.py defaults). ``tiny`` is ours: three stacks (downsampling 2, 4, 2), 0.86 M
+encoder parameters, no dropout; for the embedded recipe and CPU tests.
 """
 
 from __future__ import annotations
@@ -94,19 +94,24 @@ class ZipformerConfig:
 
 PRESETS: Dict[str, Dict[str, Any]] = {
     "tiny": dict(
-        num_encoder_layers=(1, 1, 1, 1, 1, 1),
-        feedforward_dim=(192, 256, 256, 256, 256, 256),
-        encoder_dim=(64, 96, 96, 96, 96, 96),
-        encoder_unmasked_dim=(64, 64, 64, 64, 64, 64),
-        num_heads=(4, 4, 4, 4, 4, 4),
+        # three stacks at 25, 12.5 and 25 Hz (icefall's six-stack pattern 1,2,4,8,4,2 without the 50 Hz and 6.25 Hz
+        # stacks): on 2 CPU cores a step is bound by the number of small ops, not by FLOPs, and the six-stack
+        # tiny (1.70 M parameters) cost 1.41-1.50x a Conformer ``tiny`` step; this one costs 0.98-1.00x
+        # (benchmarks/RESULTS.md, "Zipformer tiny: three stacks").
+        downsampling_factor=(2, 4, 2),
+        num_encoder_layers=1,
+        feedforward_dim=256,
+        encoder_dim=96,
+        encoder_unmasked_dim=64,
+        num_heads=4,
         query_head_dim=16, value_head_dim=8, pos_head_dim=4, pos_dim=32,
-        cnn_module_kernel=(15, 15, 7, 7, 7, 15),
+        cnn_module_kernel=(15, 7, 15),
         # quarter-width front-end: at (8, 32, 128) it was ~60 % of a tiny training step on CPU; (8, 16, 32) makes a
         # step 2.2x faster (1.06 -> 0.48 s, B=18 x 1.7 s, 1 thread; Conformer tiny 0.41 s)
         frontend_channels=(8, 16, 32),
         # no dropout, like the Conformer ``tiny``: in the embedded recipe (10 short epochs) the schedule's
-        # 0.3 -> 0.1 cost about one epoch of progress (test WER 11.5 % vs 26.4 % at epoch 7, 6.3 % vs 6.9 % at
-        # epoch 10; README "Measured"). Set ``dropout=None`` for icefall's schedule.
+        # 0.3 -> 0.1 cost about one epoch of progress (six-stack tiny: test WER 11.5 % vs 26.4 % at epoch 7,
+        # 6.3 % vs 6.9 % at epoch 10; README "Measured"). Set ``dropout=None`` for icefall's schedule.
         dropout=0.0,
     ),
     "small": dict(
