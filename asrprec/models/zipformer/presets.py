@@ -96,7 +96,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     "tiny": dict(
         # three stacks at 25, 12.5 and 25 Hz (icefall's six-stack pattern 1,2,4,8,4,2 without the 50 Hz and 6.25 Hz
         # stacks): on 2 CPU cores a step is bound by the number of small ops, not by FLOPs, and the six-stack
-        # tiny (1.70 M parameters) cost 1.41-1.50x a Conformer ``tiny`` step; this one costs 0.98-1.00x
+        # tiny (1.70 M parameters) cost 1.38-1.50x a Conformer ``tiny`` step; this one costs 0.98-1.02x
         # (benchmarks/RESULTS.md, "Zipformer tiny: three stacks").
         downsampling_factor=(2, 4, 2),
         num_encoder_layers=1,
