@@ -12,6 +12,15 @@ On a CPU shared with other jobs, OpenMP's default busy-waiting makes CPU seconds
 sets it (it must be set before torch loads OpenMP); pass ``OMP_WAIT_POLICY=ACTIVE`` to measure the default.
 
     python benchmarks/encoder.py --sizes small --policies fp32,amp-bf16,bf16 --batch 4 --frames 1000
+
+``--project-gpu`` projects a GPU's peak memory for the same step on a machine without one: the step runs on
+fake tensors (no data, no compute; ``asrprec.precision.memory``) and every live storage is counted, rounded
+to the CUDA allocator's 512-byte blocks. Two columns: the memory alive at the end of the forward on fake CUDA
+tensors under CUDA autocast (its fp32 cast lists), and the peak of forward+backward on fake CPU tensors under
+CPU autocast (autograd cannot run a CUDA backward without a CUDA context). Not counted: cuBLAS/cuDNN
+workspaces and allocator fragmentation.
+
+    python benchmarks/encoder.py --project-gpu --sizes medium --batch 64 --frames 1500
 """
 
 from __future__ import annotations
@@ -101,6 +110,42 @@ def bench(size: str, policy: str, batch: int, frames: int, runs: int,
     return statistics.median(cpu), statistics.median(wall), saved, peak
 
 
+def project(size: str, policy: str, batch: int, frames: int) -> Tuple[int, int]:
+    """Projected GPU bytes of :func:`bench`'s step: (live at the end of the forward on fake CUDA tensors
+    under CUDA autocast, fwd+bwd peak on fake CPU tensors). Python's random is seeded as in ``bench``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from asrprec.precision.memory import LiveMemoryTracker, autocast_on, fake_module_
+
+    out = []
+    for device in ("cuda", "cpu"):
+        torch.manual_seed(0)
+        random.seed(0)
+        model = build_zipformer_encoder(size=size).train()
+        model.set_batch_count(20000)
+        mode = FakeTensorMode()
+        dtype = torch.bfloat16 if policy == "bf16" else torch.float32
+        fake_module_(model, mode, device, dtype if policy == "bf16" else None)
+        # int(lens.min()/max()) in the input checks and Whiten's metric read back a value: answer with T
+        # (valid lengths; the metric then exceeds its limit and Whiten's backward does its extra work)
+        tracker = LiveMemoryTracker(scalar=frames)
+        amp = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(policy)
+        with mode, tracker:
+            x = torch.randn(batch, frames, 80, device=device, dtype=dtype)
+            lens = torch.full((batch,), frames, device=device, dtype=torch.int64)
+            tracker.track(*model.parameters(), x, lens)
+            with autocast_on(device, amp) if amp else contextlib.nullcontext():
+                y, _ = model(x, lens)
+                loss = y.float().pow(2).mean()
+            if device == "cuda":
+                tracker.sweep()
+                out.append(tracker.current)
+            else:
+                loss.backward()
+                out.append(tracker.peak)
+    return out[0], out[1]
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -121,8 +166,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="timed runs (0: memory only)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--project-gpu", action="store_true",
+                    help="project GPU memory on fake tensors instead of running the step (see above)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.project_gpu:
+        return main_project(args)
     hw = torch.cuda.get_device_name() if args.device == "cuda" else \
         f"{_cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -141,6 +190,23 @@ def main() -> None:
             ratio = f"{saved / base:.2f}" if base else "-"
             peak_s = f"{peak / 2**20:.0f}" if peak else "-"
             print(f"| {size} | {policy} | {cpu:.2f} | {wall:.2f} | {saved / 2**20:.0f} | {ratio} | {peak_s} |",
+                  flush=True)
+
+
+def main_project(args) -> None:
+    print(f"# Projected GPU memory of a Zipformer encoder fwd+bwd step (fake tensors), B={args.batch}, "
+          f"T={args.frames} frames (100 Hz), torch {torch.__version__}, {datetime.date.today()}")
+    print("| preset | policy | forward-end live MB (fake CUDA) | fwd+bwd peak MB | vs fp32 | vs amp-fp16 |")
+    print("|---|---|---|---|---|---|")
+    for size in args.sizes.split(","):
+        peaks: Dict[str, int] = {}
+        for policy in args.policies.split(","):
+            if policy not in POLICIES:
+                raise ValueError(f"unknown policy {policy!r}; choose from {POLICIES}")
+            live, peak = project(size, policy, args.batch, args.frames)
+            peaks[policy] = peak
+            ratios = [f"{peak / peaks[b]:.2f}" if b in peaks else "-" for b in ("fp32", "amp-fp16")]
+            print(f"| {size} | {policy} | {live / 2**20:.0f} | {peak / 2**20:.0f} | {ratios[0]} | {ratios[1]} |",
                   flush=True)
 
 

@@ -18,3 +18,16 @@ def test_train_step_benchmark_prints_a_row_per_variant():
     assert len(rows) == 4  # 2 variants x {saved-derivative, reference} DoubleSwish
     assert rows[0].endswith("| 1.000 |")  # the first variant against itself
     assert "reference DoubleSwish" in rows[1] and "saved-derivative DoubleSwish" in rows[2]
+
+
+def test_encoder_benchmark_projects_gpu_memory_on_fake_tensors():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, str(ROOT / "benchmarks" / "encoder.py"), "--project-gpu", "--sizes", "tiny",
+            "--policies", "fp32,bf16", "--batch", "2", "--frames", "200", "--threads", "1"]
+    p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in p.stdout.splitlines() if line.startswith("| tiny")]
+    assert [r[1].strip() for r in rows] == ["fp32", "bf16"]
+    fp32_peak, bf16_peak = float(rows[0][3]), float(rows[1][3])
+    # everything bf16 is 2 bytes instead of 4: between half and (fixed overheads) most of fp32's peak
+    assert 0.45 * fp32_peak < bf16_peak < 0.85 * fp32_peak
