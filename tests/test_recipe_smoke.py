@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "espeak"
@@ -41,6 +42,14 @@ def test_recipe_smoke(tmp_path, precision):
         "--max-batches-per-epoch", 2, "--max-duration", 20, "--no-progress-bar")
     assert (exp / "epoch-1.pt").is_file() and (exp / "epoch-2.pt").is_file()
     assert (exp / "tensorboard").is_dir()
+    # --seed fixes the run (model initialisation included), and the pre-training OOM scan of the riskiest
+    # batches leaves no trace: a second run with the scan writes the same epoch-1 weights
+    exp2 = tmp_path / "exp2"
+    run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp2, "--precision", precision, "--num-epochs", 1,
+        "--max-batches-per-epoch", 2, "--max-duration", 20, "--no-progress-bar", "--scan-oom", "on")
+    assert "OOM scan: single_longest_cut" in (exp2 / "train.log").read_text()
+    first, second = (torch.load(e / "epoch-1.pt", weights_only=False)["model"] for e in (exp, exp2))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
     # model.json stores the encoder's resolved config (the preset's fields), so decode does not depend on the preset
     from asrprec.models.conformer import CONFORMER_PRESETS
 

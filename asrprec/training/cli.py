@@ -14,7 +14,7 @@ from typing import Any
 from asrprec.models.transducer import JOINT_MODES, LOSSES
 from asrprec.precision import POLICIES
 
-from .config import OPTIMIZERS, TrainConfig
+from .config import OPTIMIZERS, SCAN_OOM_MODES, TrainConfig
 
 PRECISION_HELP = (
     "precision policy: fp32 (float32 everywhere); amp-fp16 (autocast float16 + grad scaler); "
@@ -112,6 +112,10 @@ def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
     p.add_argument("--keep-last-k", type=int, default=d.keep_last_k)
     p.add_argument("--max-batches-per-epoch", type=int, default=d.max_batches_per_epoch)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--scan-oom", choices=SCAN_OOM_MODES, default=d.scan_oom,
+                   help="before the first epoch, run forward+backward on the riskiest batches (longest cut, most "
+                        "audio, most cuts ...) so a --max-duration that does not fit fails at once with the fix; "
+                        "auto = on CUDA only")
     p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
     p.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
 

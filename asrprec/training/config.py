@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 OPTIMIZERS = ("scaled_adam", "adamw")
+SCAN_OOM_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -40,10 +41,15 @@ class TrainConfig:
     seed: int = 42
     tensorboard: bool = True
     progress_bar: bool = True
+    # forward+backward on the riskiest batches before the first epoch (asrprec.training.oom):
+    # "auto" = on CUDA with a lhotse loader, "on", "off"
+    scan_oom: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.encoder_schedule_scale > 0:
             raise ValueError(f"encoder_schedule_scale must be > 0, got {self.encoder_schedule_scale}")
+        if self.scan_oom not in SCAN_OOM_MODES:
+            raise ValueError(f"scan_oom must be one of {SCAN_OOM_MODES}, got {self.scan_oom!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.num_epochs < 1 or self.start_epoch < 1:

@@ -25,7 +25,15 @@ from asrprec.models.builders import set_batch_count
 from asrprec.precision import PrecisionPolicy, effective_dtypes
 
 from .config import TrainConfig
-from .distributed import all_reduce_sum, is_main_process, unwrap
+from .distributed import all_reduce_sum, get_rank, get_world_size, is_main_process, unwrap
+from .oom import (
+    describe_batch,
+    is_out_of_memory,
+    out_of_memory_error,
+    sampler_max_duration,
+    save_batch,
+    scan_pessimistic_batches,
+)
 from .tb import SummaryWriterOrNull
 
 log = logging.getLogger("asrprec.train")
@@ -178,8 +186,16 @@ def train_one_epoch(
             scaler.update()
             scaler.check_health(state.batch_idx_train, on_collapse=lambda: save("bad-model.pt"))
             optimizer.zero_grad(set_to_none=True)
-        except Exception:
+        except Exception as e:
             save("bad-model.pt")
+            if is_out_of_memory(e):
+                rank = f"-rank{get_rank()}" if get_world_size() > 1 else ""
+                path = save_batch(batch, Path(cfg.exp_dir) / f"oom-batch-{state.batch_idx_train}{rank}.pt")
+                if policy.device.type == "cuda":
+                    log.error("CUDA memory at the OOM:\n%s", torch.cuda.memory_summary(policy.device, abbreviated=True))
+                raise out_of_memory_error(
+                    f"training batch {state.batch_idx_train} ({describe_batch(batch)}; saved to {path})", policy, e,
+                    sampler_max_duration(getattr(train_dl, "sampler", None))) from e
             raise
         tot_loss += info["loss"]
         tot_frames += info["frames"]
@@ -212,6 +228,16 @@ def train_one_epoch(
                 ckpt.keep_last_k(cfg.exp_dir, "checkpoint-*.pt", cfg.keep_last_k)
     elapsed = time.time() - t0
     return {"train_loss": tot_loss / max(tot_frames, 1.0), "epoch_seconds": elapsed}
+
+
+def _scan_wanted(mode: str, policy: PrecisionPolicy, train_dl: Any) -> bool:
+    """``scan_oom``: "on" always (a loader without a lhotse sampler is then an error), "off" never, "auto" on
+    CUDA with a lhotse loader (a CPU step rarely hits its limit and the scan would cost minutes there)."""
+    if mode == "on":
+        return True
+    if mode == "off" or policy.device.type != "cuda":
+        return False
+    return hasattr(getattr(train_dl, "sampler", None), "state_dict") and hasattr(train_dl, "dataset")
 
 
 def train(
@@ -273,6 +299,8 @@ def train(
             sampler_state = info.get("sampler")
         log.info("resumed from %s at batch %d", resume_from, state.batch_idx_train)
 
+    if _scan_wanted(cfg.scan_oom, policy, train_dl):
+        scan_pessimistic_batches(model, train_dl, tokenizer, policy, encoder_schedule_scale=cfg.encoder_schedule_scale)
     with SummaryWriterOrNull(exp_dir / "tensorboard", enabled=cfg.tensorboard and is_main_process()) as writer:
         writer.add_text("precision", "\n".join(f"{k}: {v}" for k, v in {**desc, **dtypes}.items()), 0)
         for epoch in range(state.epoch, cfg.num_epochs + 1):

@@ -18,7 +18,7 @@ from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.models import LossConfig, build_transducer, count_parameters, resolved_encoder_overrides
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
-from asrprec.training import train
+from asrprec.training import seed_everything, train
 from asrprec.training.cli import (
     add_model_args, add_precision_args, add_training_args, encoder_overrides_from_args, resolve_device, setup_logging,
     train_config_from_args,
@@ -65,6 +65,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = train_config_from_args(args)
+    seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
     cuts = load_fbank_cuts(args.data_dir)
     data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed,
