@@ -232,7 +232,7 @@ def train_one_epoch(
 
 def _scan_wanted(mode: str, policy: PrecisionPolicy, train_dl: Any) -> bool:
     """``scan_oom``: "on" always (a loader without a lhotse sampler is then an error), "off" never, "auto" on
-    CUDA with a lhotse loader (a CPU step rarely hits its limit and the scan would cost minutes there)."""
+    CUDA with a lhotse loader (a CPU run rarely hits its memory limit, and the scan costs a few steps' time)."""
     if mode == "on":
         return True
     if mode == "off" or policy.device.type != "cuda":
