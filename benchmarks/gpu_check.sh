@@ -5,7 +5,8 @@
 #    U = 2000 (beyond NeMo's U+1 ≤ 1024 limit), fp16 vs fp32 gradient storage error;
 # 2. a subset of the NeMo blog grid (numba-cuda vs torchaudio, time and peak memory);
 # 3. appends both to benchmarks/RESULTS.md. Exits non-zero if a check fails;
-# 4. the Zipformer encoder per precision policy (time, peak memory) and the ScaledAdam step, also appended.
+# 4. the Zipformer encoder per precision policy (time, peak memory), the ScaledAdam step and streaming
+#    Zipformer cost per chunk, also appended.
 set -euo pipefail
 PY=${PYTHON:-python}
 OUT=benchmarks/RESULTS.md
@@ -116,5 +117,13 @@ for batched in (False, True):
             times.append(time.perf_counter() - t0)
     print(f"| {'stacked by shape' if batched else 'per tensor'} | {n} | {statistics.median(times) * 1e3:.1f} |")
 PY
+} | tee -a "$OUT"
+# Streaming Zipformer: cost per chunk and RTFx, chunk by chunk with caches against simulated streaming
+{
+  echo
+  echo "### Streaming Zipformer small on the GPU (benchmarks/streaming.py)"
+  echo
+  timeout 45 $PY benchmarks/streaming.py --device cuda --sizes small --policies fp32,bf16 --streams 1,16 \
+    --chunks 32 --left 128 --seconds 10 --runs 3 || echo "(streaming benchmark failed or timed out: exit $?)"
 } | tee -a "$OUT"
 echo "gpu_check: all passed; results appended to $OUT"

@@ -31,3 +31,16 @@ def test_encoder_benchmark_projects_gpu_memory_on_fake_tensors():
     fp32_peak, bf16_peak = float(rows[0][3]), float(rows[1][3])
     # everything bf16 is 2 bytes instead of 4: between half and (fixed overheads) most of fp32's peak
     assert 0.45 * fp32_peak < bf16_peak < 0.85 * fp32_peak
+
+
+def test_streaming_benchmark_prints_a_row_per_setting():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, str(ROOT / "benchmarks" / "streaming.py"), "--policies", "fp32,bf16", "--streams", "1,2",
+            "--chunks", "16", "--seconds", "1", "--runs", "1", "--threads", "1"]
+    p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in p.stdout.splitlines() if line.startswith("| tiny")]
+    assert [(r[1], r[2]) for r in rows] == [("fp32", "1"), ("fp32", "2"), ("bf16", "1"), ("bf16", "2")]
+    # every cache is held in the policy's dtype: bf16 state is half of fp32's (the frame counter aside)
+    fp32_kib, bf16_kib = float(rows[0][4].split()[0]), float(rows[2][4].split()[0])
+    assert abs(bf16_kib - fp32_kib / 2) <= 1

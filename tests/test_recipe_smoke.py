@@ -73,6 +73,25 @@ def test_recipe_smoke(tmp_path, precision):
     assert list(exp.glob("errs-test-greedy_search-*.txt")) and list(exp.glob("recogs-test-*.txt"))
 
 
+def test_causal_zipformer_streams(tmp_path):
+    """The recipe's --causal training and --streaming decoding run, and streaming decodes to the recognitions of
+    simulated streaming with the same chunk size and left context. (A 2-batch model emits little; the token-level
+    equality of the two, with tokens emitted, is tests/decoding/test_streaming.py.)"""
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    run(RECIPE / "prepare.py", "--data-dir", data, "--num-train", 24, "--num-dev", 4, "--num-test", 8,
+        "--vocab-size", 40)
+    run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--num-epochs", 1, "--max-batches-per-epoch", 2,
+        "--max-duration", 20, "--no-progress-bar", "--encoder", "zipformer", "--causal")
+    common = ("--data-dir", data, "--exp-dir", exp, "--epoch", 1, "--splits", "test", "--chunk-size", 16,
+              "--left-context-frames", 64)
+    out = run(RECIPE / "decode.py", *common, "--streaming")
+    assert "streaming-chunk-16-left-64" in out
+    run(RECIPE / "decode.py", *common)
+    streamed = (exp / "recogs-test-greedy_search-epoch-1-avg-1-fp32-streaming-chunk-16-left-64.txt").read_text()
+    simulated = (exp / "recogs-test-greedy_search-epoch-1-avg-1-fp32-chunk-16-left-64.txt").read_text()
+    assert streamed == simulated and streamed.count("hyp=") == 8
+
+
 @pytest.mark.slow
 def test_recipe_end_to_end_reaches_low_wer(tmp_path):
     """A shortened real run: must learn (WER well below 100 %). The default Zipformer with seed 42 measured

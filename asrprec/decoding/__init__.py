@@ -5,7 +5,8 @@ Both take ``(model, encoder_out (B, T, D_enc), encoder_out_lens (B,))`` and retu
 bf16-cast model from ``policy.prepare_for_inference`` or an fp32 model under ``policy.autocast()``); beam
 scores use an fp32 log-softmax.
 
-:class:`DecodingOptions` and :func:`decode` bundle "encode, then decode with the named method".
+:class:`DecodingOptions` and :func:`decode` bundle "encode, then decode with the named method";
+:func:`streaming_decode` does it chunk by chunk for a causal Zipformer (real streaming, with caches).
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ def decode(
 
 
 from .dataset import decode_dataset  # noqa: E402  (uses decode above)
+from .streaming import StreamingGreedySearch, streaming_decode, streaming_encode  # noqa: E402
 
 __all__ = [
     "METHODS", "DecodingOptions", "Hypothesis", "HypothesisList", "decode", "decode_dataset", "decode_encoder_out",
-    "greedy_search", "modified_beam_search",
+    "greedy_search", "modified_beam_search", "StreamingGreedySearch", "streaming_decode", "streaming_encode",
 ]

@@ -14,16 +14,20 @@ FRAME_SHIFT_S = 0.01  # 100 Hz fbank
 
 @torch.inference_mode()
 def decode_dataset(
-    model: nn.Module, loader: Iterable[dict], tokenizer, options, device: torch.device | str = "cpu"
+    model: nn.Module, loader: Iterable[dict], tokenizer, options, device: torch.device | str = "cpu",
+    streaming: tuple[int, int] | None = None,
 ) -> tuple[list[tuple[str, list[str], list[str]]], dict[str, float]]:
     """Decode every batch of ``loader`` (dicts with ``features``, ``feature_lens``, ``texts``, ``cut_ids``).
+
+    ``streaming=(chunk_size, left_context_frames)`` decodes a causal Zipformer chunk by chunk with its caches
+    (:func:`asrprec.decoding.streaming_decode`) instead of encoding whole utterances.
 
     Returns:
         results: ``(cut_id, ref_words, hyp_words)`` per utterance, ready for :mod:`asrprec.metrics`.
         stats: ``audio_seconds``, ``wall_seconds`` and ``rtfx`` (audio seconds per wall second, including
         the encoder and the search, excluding data loading).
     """
-    from . import decode  # the package's entry point (avoids a circular import at module load)
+    from . import decode, streaming_decode  # the package's entry points (avoid a circular import at load)
 
     meter = RtfxMeter()
     results = []
@@ -31,7 +35,10 @@ def decode_dataset(
         features = batch["features"].to(device)
         feature_lens = batch["feature_lens"].to(device)
         with meter.measure(audio_seconds=float(batch["feature_lens"].sum()) * FRAME_SHIFT_S):
-            hyps = decode(model, features, feature_lens, options)
+            if streaming is None:
+                hyps = decode(model, features, feature_lens, options)
+            else:
+                hyps = streaming_decode(model, features, feature_lens, options, *streaming)
         for cut_id, ref, hyp in zip(batch["cut_ids"], batch["texts"], hyps):
             results.append((cut_id, ref.split(), tokenizer.decode(hyp).split()))
     return results, {"audio_seconds": meter.audio_seconds, "wall_seconds": meter.wall_seconds, "rtfx": meter.rtfx}

@@ -86,21 +86,28 @@ def resolved_encoder_overrides(model: nn.Module) -> dict[str, Any]:
     return json.loads(json.dumps(fields))  # tuples -> lists, as they read back from model.json
 
 
-def configure_streaming(model: nn.Module, chunk_size: int | None, left_context_frames: int | None) -> str:
+def configure_streaming(model: nn.Module, chunk_size: int | None, left_context_frames: int | None,
+                        streaming: bool = False) -> str:
     """Fix the chunk size and left context a causal Zipformer uses from now on (e.g. for decoding).
 
     A causal model draws both from its training lists on every call; decoding needs one value of each, as
     icefall's zipformer/decode.py (``--chunk-size 32 --left-context-frames 256`` simulates streaming;
-    ``--chunk-size -1`` uses full context). Returns a tag for result file names: ``"chunk-32-left-256"``,
-    ``"causal-full-context"``, or "" for a model that is not causal.
+    ``--chunk-size -1`` uses full context). ``streaming=True`` checks the values for real, chunk-by-chunk
+    streaming (a positive chunk size and a finite left context). Returns a tag for result file names:
+    ``"chunk-32-left-256"`` (``"streaming-chunk-32-left-256"``), ``"causal-full-context"``, or "" for a model
+    that is not causal.
 
     Raises:
         ValueError: values given for a model that is not causal; a causal model without a chunk size; a chunk
             size that is not a multiple of every stack's downsampling factor, or a left context shorter than the
             convolutions' reach.
     """
-    stacks = getattr(getattr(model, "encoder", model), "encoder", None)
+    encoder = getattr(model, "encoder", model)
+    stacks = getattr(encoder, "encoder", None)
     if not getattr(stacks, "causal", False):
+        if streaming:
+            raise ValueError("--streaming applies to causal Zipformer models only; this model is not causal "
+                             "(train one with --encoder zipformer --causal)")
         if chunk_size not in (None, -1) or left_context_frames not in (None, -1):
             raise ValueError("--chunk-size/--left-context-frames apply to causal Zipformer models only; "
                              "this model is not causal (train one with --encoder zipformer --causal)")
@@ -114,9 +121,12 @@ def configure_streaming(model: nn.Module, chunk_size: int | None, left_context_f
     left = -1 if left_context_frames is None else int(left_context_frames)
     cs, lcc = stacks.get_chunk_info(int(chunk_size), left)
     stacks._get_attn_mask(max(cs, 1) * 2, cs, lcc, torch.device("cpu"))  # validates, raises with the reason
+    if streaming:
+        encoder.streaming_left_context(int(chunk_size), left)  # raises with the reason
     stacks.chunk_size = (int(chunk_size),)
     stacks.left_context_frames = (left,)
-    return "causal-full-context" if int(chunk_size) == -1 else f"chunk-{int(chunk_size)}-left-{left}"
+    tag = "causal-full-context" if int(chunk_size) == -1 else f"chunk-{int(chunk_size)}-left-{left}"
+    return f"streaming-{tag}" if streaming else tag
 
 
 def count_parameters(model: nn.Module) -> int:

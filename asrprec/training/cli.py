@@ -136,6 +136,10 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                         "(simulated streaming), or -1 for full context")
     p.add_argument("--left-context-frames", type=int, default=None,
                    help="causal Zipformer only: left context in 50 Hz frames for chunked decoding (-1 = all)")
+    p.add_argument("--streaming", action="store_true",
+                   help="causal Zipformer only: decode as live streams, chunk by chunk with the encoder's caches "
+                        "(icefall's streaming_decode.py), instead of simulating streaming with a chunk mask; needs "
+                        "--chunk-size > 0 and a finite --left-context-frames")
 
 
 def resolve_device(name: str | None) -> str:

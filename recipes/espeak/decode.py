@@ -3,6 +3,12 @@
 
     python recipes/espeak/decode.py --exp-dir recipes/espeak/exp/default --epoch 8 --avg 3 \
         --decoding-method modified_beam_search --beam-size 4 --precision bf16
+
+A causal Zipformer (trained with --causal) needs --chunk-size and --left-context-frames (simulated streaming);
+add --streaming to decode chunk by chunk with the encoder's caches, as a live stream:
+
+    python recipes/espeak/decode.py --exp-dir recipes/espeak/exp/causal --epoch 10 --avg 3 \
+        --chunk-size 32 --left-context-frames 128 --streaming
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ def main() -> None:
     model = build_transducer(**model_config)
     paths = find_epoch_checkpoints(args.exp_dir, args.epoch, args.avg)
     load_model_weights(model, average_checkpoints(paths), source=f"average of {', '.join(p.name for p in paths)}")
-    streaming_tag = configure_streaming(model, args.chunk_size, args.left_context_frames)
+    streaming_tag = configure_streaming(model, args.chunk_size, args.left_context_frames, args.streaming)
     policy = get_policy(args.precision, resolve_device(args.device))
     model = policy.prepare_for_inference(model)
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
@@ -56,9 +62,11 @@ def main() -> None:
         tag += f"-{streaming_tag}"
     options = DecodingOptions(method=args.decoding_method, beam=args.beam_size,
                               max_sym_per_frame=args.max_sym_per_frame)
+    streaming = (args.chunk_size, args.left_context_frames) if args.streaming else None
     summary = {}
     for split in args.splits:
-        results, stats = decode_dataset(model, data.test_dataloader(cuts[split]), tokenizer, options, policy.device)
+        results, stats = decode_dataset(model, data.test_dataloader(cuts[split]), tokenizer, options, policy.device,
+                                        streaming=streaming)
         write_recogs(args.exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(args.exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         summary[split] = {"wer": wer, **stats}

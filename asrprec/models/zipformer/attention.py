@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import random
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +38,8 @@ class CompactRelPositionalEncoding(nn.Module):
     features; the last dimension is constant 1 (a bias). Computed in fp32 (an fp32 island) and cached; the
     returned slice is cast to the activations' dtype.
 
-    forward(x (T, B, C)) -> pos_emb (1, 2T-1, pos_dim); row j is relative offset j - (T-1).
+    forward(x (T, B, C)) -> pos_emb (1, 2T-1, pos_dim); row j is relative offset j - (T-1). With
+    ``left_context_len`` L (streaming): (1, L+2T-1, pos_dim), row j is offset j - (L+T-1).
     """
 
     def __init__(self, embed_dim: int, dropout_rate: FloatLike, length_factor: float = 1.0):
@@ -71,11 +72,14 @@ class CompactRelPositionalEncoding(nn.Module):
         self._pe = pe
         return pe
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, left_context_len: int = 0) -> Tensor:
+        """x (T, B, C) -> (1, left_context_len + 2T - 1, pos_dim): offsets -(left_context_len + T - 1) .. T - 1,
+        for T queries attending to ``left_context_len`` cached keys and the T current ones (streaming)."""
         t = x.shape[0]
-        pe = self._table(t, x.device)
+        n = t + left_context_len
+        pe = self._table(n, x.device)
         center = pe.shape[0] // 2
-        pos = pe[center - t + 1: center + t].unsqueeze(0).to(x.dtype)
+        pos = pe[center - n + 1: center + t].unsqueeze(0).to(x.dtype)
         return self.dropout(pos)
 
 
@@ -103,29 +107,35 @@ class RelPositionMultiheadAttentionWeights(nn.Module):
                                      max_positive=0.6, min_abs=0.0, max_abs=100.0, prob=0.025)
         self.linear_pos = scaled_linear(pos_dim, num_heads * pos_head_dim, bias=False, initial_scale=0.05)
 
-    def forward(self, x: Tensor, pos_emb: Tensor, key_padding_mask: Optional[Tensor] = None,
-                attn_mask: Optional[Tensor] = None) -> Tensor:
+    def _project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """(T,B,D) -> query (T,B,H*qd), key (T,B,H*qd), positional query (T,B,H*pd)."""
         x = self.in_proj(x)
-        t, b, _ = x.shape
-        h, qd, pd = self.num_heads, self.query_head_dim, self.pos_head_dim
-        q = x[..., : qd * h]
+        h, qd = self.num_heads, self.query_head_dim
         k = self.whiten_keys(self.balance_keys(x[..., qd * h: 2 * qd * h]))
-        p = x[..., 2 * qd * h:]
+        return x[..., : qd * h], k, x[..., 2 * qd * h:]
 
-        q = q.reshape(t, b, h, qd).permute(2, 1, 0, 3)  # (H, B, T, qd)
-        p = p.reshape(t, b, h, pd).permute(2, 1, 0, 3)  # (H, B, T, pd)
-        k = k.reshape(t, b, h, qd).permute(2, 1, 3, 0)  # (H, B, qd, T)
+    def _weights(self, q: Tensor, k: Tensor, p: Tensor, pos_emb: Tensor, key_padding_mask: Optional[Tensor],
+                 attn_mask: Optional[Tensor]) -> Tensor:
+        """Queries (Tq,B,H*qd) and p (Tq,B,H*pd) against keys (Tk,B,H*qd), Tk >= Tq, the queries being the last
+        Tq key positions; pos_emb (1, Tq+Tk-1, P). Returns (H, B, Tq, Tk)."""
+        tq, b, _ = q.shape
+        tk = k.shape[0]
+        h, qd, pd = self.num_heads, self.query_head_dim, self.pos_head_dim
+        q = q.reshape(tq, b, h, qd).permute(2, 1, 0, 3)  # (H, B, Tq, qd)
+        p = p.reshape(tq, b, h, pd).permute(2, 1, 0, 3)  # (H, B, Tq, pd)
+        k = k.reshape(tk, b, h, qd).permute(2, 1, 3, 0)  # (H, B, qd, Tk)
         scores = torch.matmul(q, k)  # (H, B, Tq, Tk)
 
         if not self.training or random.random() >= float(self.pos_emb_skip_rate):
-            pe = self.linear_pos(pos_emb)  # (1, 2T-1, H*pd)
-            pe = pe.reshape(-1, 2 * t - 1, h, pd).permute(2, 0, 3, 1)  # (H, 1, pd, 2T-1)
-            pos_scores = torch.matmul(p, pe).contiguous()  # (H, B, T, 2T-1), last axis = offset + (T-1)
-            # relative -> absolute: entry (i, j) takes column (T-1) - i + j, i.e. offset j - i.
+            pe = self.linear_pos(pos_emb)  # (1, Tq+Tk-1, H*pd)
+            pe = pe.reshape(-1, tq + tk - 1, h, pd).permute(2, 0, 3, 1)  # (H, 1, pd, Tq+Tk-1)
+            pos_scores = torch.matmul(p, pe).contiguous()  # (H, B, Tq, Tq+Tk-1), last axis = offset + (Tk-1)
+            # relative -> absolute: query i sits at key position (Tk-Tq) + i, so entry (i, j) has offset
+            # j - (Tk-Tq) - i, i.e. column (Tq-1) - i + j.
             s = pos_scores.stride()
             pos_scores = pos_scores.as_strided(
-                (h, b, t, t), (s[0], s[1], s[2] - s[3], s[3]),
-                storage_offset=pos_scores.storage_offset() + s[3] * (t - 1))
+                (h, b, tq, tk), (s[0], s[1], s[2] - s[3], s[3]),
+                storage_offset=pos_scores.storage_offset() + s[3] * (tq - 1))
             scores = scores + pos_scores
 
         if self.training and random.random() < 0.1:
@@ -135,6 +145,23 @@ class RelPositionMultiheadAttentionWeights(nn.Module):
         if key_padding_mask is not None:
             scores = scores.masked_fill(key_padding_mask.unsqueeze(1), _MASK_VALUE)
         return softmax(scores, dim=-1)
+
+    def forward(self, x: Tensor, pos_emb: Tensor, key_padding_mask: Optional[Tensor] = None,
+                attn_mask: Optional[Tensor] = None) -> Tensor:
+        q, k, p = self._project(x)
+        return self._weights(q, k, p, pos_emb, key_padding_mask, attn_mask)
+
+    def streaming_forward(self, x: Tensor, pos_emb: Tensor, cached_key: Tensor,
+                          key_padding_mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """One chunk: x (T,B,D) attends to L cached keys and its own T keys.
+
+        cached_key (L,B,H*qd); pos_emb (1, L+2T-1, P) from ``CompactRelPositionalEncoding(x, L)``;
+        key_padding_mask (B, L+T), True at cache slots not yet filled and at padded frames.
+        Returns weights (H, B, T, L+T) and the new cache (L,B,H*qd): the last L keys."""
+        q, k, p = self._project(x)
+        left = cached_key.shape[0]
+        k = torch.cat((cached_key.to(k.dtype), k), dim=0)
+        return self._weights(q, k, p, pos_emb, key_padding_mask, None), k[k.shape[0] - left:]
 
 
 class SelfAttention(nn.Module):
@@ -149,15 +176,24 @@ class SelfAttention(nn.Module):
         self.whiten = Whiten(num_groups=1, whitening_limit=whitening_schedule(7.5, ratio=3.0),
                              prob=(0.025, 0.25), grad_scale=0.01)
 
-    def forward(self, x: Tensor, attn_weights: Tensor) -> Tensor:
-        t, b, _ = x.shape
-        h = attn_weights.shape[0]
-        v = self.in_proj(x).reshape(t, b, h, -1).permute(2, 1, 0, 3)  # (H, B, T, vd)
-        if attn_weights.dtype != v.dtype and not torch.is_autocast_enabled(v.device.type):
-            attn_weights = attn_weights.to(v.dtype)
-        v = torch.matmul(attn_weights, v)
-        v = v.permute(2, 1, 0, 3).reshape(t, b, -1)
+    def _attend(self, v: Tensor, attn_weights: Tensor) -> Tensor:
+        """values (Tk,B,H*vd), weights (H,B,Tq,Tk) -> (Tq,B,D)."""
+        tk, b, _ = v.shape
+        h, tq = attn_weights.shape[0], attn_weights.shape[2]
+        v = v.reshape(tk, b, h, -1).permute(2, 1, 0, 3)  # (H, B, Tk, vd)
+        v = torch.matmul(_weights_like(attn_weights, v), v)
+        v = v.permute(2, 1, 0, 3).reshape(tq, b, -1)
         return self.whiten(self.out_proj(v))
+
+    def forward(self, x: Tensor, attn_weights: Tensor) -> Tensor:
+        return self._attend(self.in_proj(x), attn_weights)
+
+    def streaming_forward(self, x: Tensor, attn_weights: Tensor, cached_val: Tensor) -> Tuple[Tensor, Tensor]:
+        """x (T,B,D), weights (H,B,T,L+T), cached_val (L,B,H*vd) -> ((T,B,D), new cache: the last L values)."""
+        v = self.in_proj(x)
+        left = cached_val.shape[0]
+        v = torch.cat((cached_val.to(v.dtype), v), dim=0)
+        return self._attend(v, attn_weights), v[v.shape[0] - left:]
 
 
 class NonlinAttention(nn.Module):
@@ -180,17 +216,35 @@ class NonlinAttention(nn.Module):
         self.whiten2 = Whiten(num_groups=1, whitening_limit=whitening_schedule(5.0, ratio=3.0),
                               prob=(0.025, 0.25), grad_scale=0.01)
 
-    def forward(self, x: Tensor, attn_weights: Tensor) -> Tensor:
-        x = self.in_proj(x)
-        t, b, _ = x.shape
-        s, x, y = x.chunk(3, dim=-1)
+    def _gate(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """(T,B,D) -> gated values (T,B,hidden) to be mixed over time, and the output gate y (T,B,hidden)."""
+        s, x, y = self.in_proj(x).chunk(3, dim=-1)
         s = torch.tanh(self.balancer(s))
-        x = self.whiten1(x) * s
-        h = attn_weights.shape[0]
-        x = x.reshape(t, b, h, -1).permute(2, 1, 0, 3)  # (h, B, T, hidden/h)
-        if attn_weights.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
-            attn_weights = attn_weights.to(x.dtype)
-        x = torch.matmul(attn_weights, x)
-        x = x.permute(2, 1, 0, 3).reshape(t, b, -1)
-        x = x * y
-        return self.whiten2(self.out_proj(x))
+        return self.whiten1(x) * s, y
+
+    def _mix(self, x: Tensor, y: Tensor, attn_weights: Tensor) -> Tensor:
+        """values (Tk,B,hidden), gate (Tq,B,hidden), weights (h,B,Tq,Tk) -> (Tq,B,D)."""
+        tk, b, _ = x.shape
+        h, tq = attn_weights.shape[0], attn_weights.shape[2]
+        x = x.reshape(tk, b, h, -1).permute(2, 1, 0, 3)  # (h, B, Tk, hidden/h)
+        x = torch.matmul(_weights_like(attn_weights, x), x)
+        x = x.permute(2, 1, 0, 3).reshape(tq, b, -1)
+        return self.whiten2(self.out_proj(x * y))
+
+    def forward(self, x: Tensor, attn_weights: Tensor) -> Tensor:
+        x, y = self._gate(x)
+        return self._mix(x, y, attn_weights)
+
+    def streaming_forward(self, x: Tensor, attn_weights: Tensor, cached_x: Tensor) -> Tuple[Tensor, Tensor]:
+        """x (T,B,D), weights (1,B,T,L+T), cached_x (L,B,hidden) -> ((T,B,D), new cache: the last L values)."""
+        x, y = self._gate(x)
+        left = cached_x.shape[0]
+        x = torch.cat((cached_x.to(x.dtype), x), dim=0)
+        return self._mix(x, y, attn_weights), x[x.shape[0] - left:]
+
+
+def _weights_like(attn_weights: Tensor, x: Tensor) -> Tensor:
+    """The attention weights in the values' dtype, unless autocast chooses the matmul's dtype itself."""
+    if attn_weights.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+        return attn_weights.to(x.dtype)
+    return attn_weights

@@ -158,6 +158,25 @@ class Zipformer2(nn.Module):
         x = self.downsample_output(x, key_padding_mask)
         return x, torch.div(x_lens + 1, 2, rounding_mode="floor")
 
+    def streaming_forward(self, x: Tensor, x_lens: Tensor, caches: Sequence[Tensor], left_context_len: int,
+                          key_padding_mask: Tensor) -> Tuple[Tensor, Tensor, List[Tensor]]:
+        """One chunk, eval mode: x (T,B,D0) at 50 Hz, x_lens (B,) its valid frames, the stacks' caches,
+        ``left_context_len`` cached frames at 50 Hz, key_padding_mask (B, left_context_len + T).
+        Returns ((T/2, B, D), (x_lens+1)//2, new caches)."""
+        outputs = []
+        new_caches: List[Tensor] = []
+        pos = 0
+        for i, module in enumerate(self.encoders):
+            n = 6 * module.num_layers
+            x = convert_num_channels(x, self.encoder_dim[i])
+            x, c = module.streaming_forward(x, caches[pos: pos + n], left_context_len, key_padding_mask)
+            new_caches.extend(c)
+            pos += n
+            outputs.append(x)
+        x = self._get_full_dim_output(outputs)
+        x = self.downsample_output(x, key_padding_mask[:, left_context_len:])
+        return x, torch.div(x_lens + 1, 2, rounding_mode="floor"), new_caches
+
 
 class ZipformerEncoder(nn.Module):
     """Front-end + Zipformer2 with the batch-major interface used by the Transducer.
@@ -198,3 +217,103 @@ class ZipformerEncoder(nn.Module):
         x = x.permute(1, 0, 2)  # (T, B, D)
         x, out_lens = self.encoder(x, x_lens, mask, chunk_size=chunk_size, left_context_frames=left_context_frames)
         return x.permute(1, 0, 2), out_lens
+
+    # -- streaming: chunk by chunk, with caches (k2-fsa/icefall egs/librispeech/ASR/zipformer/zipformer.py
+    # streaming_forward and streaming_decode.py give the layout of the work; the state layout here is ours) --
+
+    def streaming_left_context(self, chunk_size: int, left_context_frames: int) -> int:
+        """The cached frames (50 Hz) a stream keeps for ``chunk_size`` / ``left_context_frames``: whole chunks, as
+        the chunk mask of simulated streaming allows (``left_context_frames // chunk_size`` chunks, at least
+        one). Raises ValueError for a model that is not causal or values streaming cannot run with."""
+        stacks = self.encoder
+        if not stacks.causal:
+            raise ValueError("streaming needs a causal Zipformer (train it with --encoder zipformer --causal)")
+        if chunk_size <= 0 or chunk_size % 2:
+            raise ValueError(f"streaming needs an even chunk size > 0 (50 Hz frames), got {chunk_size}")
+        if left_context_frames <= 0:
+            raise ValueError(f"streaming needs a finite left context > 0 (50 Hz frames), got {left_context_frames}; "
+                             "-1 (unlimited) is for simulated streaming only")
+        cs, lcc = stacks.get_chunk_info(chunk_size, left_context_frames)
+        stacks._get_attn_mask(2 * cs, cs, lcc, torch.device("cpu"))  # validates, raises with the reason
+        return cs * lcc
+
+    def get_init_states(self, batch_size: int, chunk_size: int, left_context_frames: int,
+                        device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> List[Tensor]:
+        """Initial streaming state for B streams: six caches per layer (stack by stack, layer by layer; see
+        ``Zipformer2EncoderLayer.init_caches``), the front-end's ConvNeXt cache, and the (B,) int64 count of
+        50 Hz frames processed. ``dtype`` defaults to the parameters' (a bf16-cast model keeps bf16 caches)."""
+        left = self.streaming_left_context(chunk_size, left_context_frames)
+        param = next(self.parameters())
+        device = param.device if device is None else device
+        dtype = param.dtype if dtype is None else dtype
+        states: List[Tensor] = []
+        for module in self.encoder.encoders:
+            states.extend(module.init_caches(batch_size, left, device, dtype))
+        states.append(self.encoder_embed.init_cache(batch_size, device, dtype))
+        states.append(torch.zeros(batch_size, dtype=torch.int64, device=device))
+        return states
+
+    def _state_batch_dims(self) -> List[int]:
+        """The batch dim of each state tensor: 1 for the time-major caches (keys, NonlinAttention and attention
+        values), 0 for the convolution caches, the front-end cache and the frame counter."""
+        n_layers = sum(m.num_layers for m in self.encoder.encoders)
+        return [1, 1, 1, 1, 0, 0] * n_layers + [0, 0]
+
+    def stack_states(self, states_list: Sequence[Sequence[Tensor]]) -> List[Tensor]:
+        """Batch the states of separate streams (each from :meth:`get_init_states` with B=1 or more, same chunk
+        size and left context), e.g. to add a new stream to a running pool."""
+        if not states_list:
+            raise ValueError("stack_states needs at least one state")
+        dims = self._state_batch_dims()
+        if any(len(st) != len(dims) for st in states_list):
+            raise ValueError(f"every state must hold {len(dims)} tensors (from get_init_states of this encoder)")
+        return [torch.cat([st[i] for st in states_list], dim=d) for i, d in enumerate(dims)]
+
+    def unstack_states(self, states: Sequence[Tensor]) -> List[List[Tensor]]:
+        """The inverse of :meth:`stack_states`: one B=1 state per stream (e.g. to drop finished streams)."""
+        dims = self._state_batch_dims()
+        if len(states) != len(dims):
+            raise ValueError(f"a state must hold {len(dims)} tensors (from get_init_states of this encoder)")
+        per_tensor = [t.split(1, dim=d) for t, d in zip(states, dims)]
+        return [list(parts) for parts in zip(*per_tensor)]
+
+    @property
+    def streaming_lookahead(self) -> int:
+        """Feature frames (100 Hz) each streaming step needs after its chunk (13 with the ConvNeXt)."""
+        return self.encoder_embed.streaming_lookahead
+
+    def streaming_forward(self, features: Tensor, feature_lens: Tensor,
+                          states: Sequence[Tensor]) -> Tuple[Tensor, Tensor, List[Tensor]]:
+        """Encode the next chunk of B streams, in eval mode.
+
+        Legend: B streams, C chunk size (50 Hz frames, from ``get_init_states``), F feature bins, D output dim.
+
+        Args:
+            features: (B, 2C + ``streaming_lookahead``, F): the chunk's 2C feature frames followed by the
+                look-ahead frames; the next call starts 2C frames later. Pad past the end with anything.
+            feature_lens: (B,) int64 valid frames in ``features`` (counted from its first frame; below the
+                full length at the end of an utterance, <= 0 after it).
+            states: from :meth:`get_init_states` or the previous call.
+        Returns:
+            (B, C/2, D) output frames (25 Hz), (B,) how many are valid, and the new states. Concatenated over
+            chunks, the valid frames equal ``forward(..., chunk_size=C, left_context_frames=L)`` of the whole
+            utterances (simulated streaming), up to rounding.
+        """
+        if self.training:
+            raise RuntimeError("streaming_forward is for inference: call model.eval() first")
+        stacks = self.encoder
+        left = states[0].shape[0] * stacks.downsampling_factor[0]
+        if features.ndim != 3 or features.shape[-1] != self.num_features:
+            raise ValueError(f"features must be (B, T, {self.num_features}), got {tuple(features.shape)}")
+        chunk2 = features.shape[1] - self.streaming_lookahead
+        if chunk2 <= 0 or chunk2 % 4:
+            raise ValueError(f"features must hold 2 x chunk_size + {self.streaming_lookahead} frames (an even chunk "
+                             f"size), got {features.shape[1]}")
+        x, x_lens, embed_cache = self.encoder_embed.streaming_forward(features, feature_lens, states[-2])
+        processed = states[-1]
+        # cache slot j of `left` holds the frame `left - j` frames before this chunk: masked until processed
+        slots = torch.arange(left, 0, -1, device=x.device)
+        cache_mask = slots.unsqueeze(0) > processed.unsqueeze(1)
+        mask = torch.cat((cache_mask, make_pad_mask(x_lens, x.shape[1])), dim=1)
+        x, out_lens, caches = stacks.streaming_forward(x.permute(1, 0, 2), x_lens, states[:-2], left, mask)
+        return x.permute(1, 0, 2), out_lens, caches + [embed_cache, processed + x_lens]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .scaling import (
@@ -63,8 +64,25 @@ class ConvNeXt(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.contiguous(memory_format=torch.channels_last)
-        bypass = x
-        x = self.depthwise_conv(x)  # channels-last in, channels-last out
+        return self._pointwise(self.depthwise_conv(x), x)  # channels-last in, channels-last out
+
+    def streaming_forward(self, x: Tensor, cached_left_pad: Tensor) -> Tuple[Tensor, Tensor]:
+        """x (B, C, T, F) after ``cached_left_pad`` (B, C, 3, F), the frames just before it; eval mode.
+
+        The 7x7 conv runs without time padding, so the output has T - 3 frames: those whose right context lies
+        within x (each output frame needs 3 frames after it). Returns ((B, C, T-3, F), the new cache: the 3
+        frames before the next output frame)."""
+        pt = self.padding[0]
+        x = torch.cat((cached_left_pad.to(x.dtype), x), dim=2).contiguous(memory_format=torch.channels_last)
+        t = x.shape[2]
+        if t < 4 * pt:
+            raise ValueError(f"ConvNeXt streaming needs at least {3 * pt + 1} new frames, got {t - pt}")
+        conv = self.depthwise_conv
+        y = F.conv2d(x, conv.weight, conv.bias, padding=(0, self.padding[1]), groups=conv.groups)
+        return self._pointwise(y, x[:, :, pt: t - pt]), x[:, :, t - 2 * pt: t - pt]
+
+    def _pointwise(self, x: Tensor, bypass: Tensor) -> Tensor:
+        """The rest of the block after the depthwise conv: x and the residual ``bypass`` (B, C, T, F)."""
         h = x.permute(0, 2, 3, 1)  # (B, T, F, C), contiguous
         h = linear(h, self.pointwise_conv1.weight.flatten(1), self.pointwise_conv1.bias)  # (B, T, F, 3C)
         h = self.hidden_balancer(h)
@@ -136,10 +154,44 @@ class Conv2dSubsampling(nn.Module):
             x = x * valid[:, None, :, None].to(x.dtype)
         if self.convnext is not None:
             x = self.convnext(x)
+        return self._output(x), out_lens
+
+    def _output(self, x: Tensor) -> Tensor:
+        """(B, C, T, F') channels-last -> (B, T, D): Linear, Whiten, BiasNorm, dropout."""
         b, c, t, f = x.shape
         # icefall flattens (B, T, C, F'); equivalently flatten the channels-last order (B, T, F', C) and permute
         # the (small) weight's input dim to match, avoiding a copy of the activations.
         w = self.out.weight.view(-1, c, f).transpose(1, 2).reshape(-1, f * c)
         x = linear(x.permute(0, 2, 3, 1).reshape(b, t, f * c), w, self.out.bias)
-        x = self.out_norm(self.out_whiten(x))
-        return self.dropout(x), out_lens
+        return self.dropout(self.out_norm(self.out_whiten(x)))
+
+    @property
+    def streaming_lookahead(self) -> int:
+        """Input frames (100 Hz) a streaming chunk needs beyond its own 2 x chunk frames: 7 for the convolutions
+        plus 2 x 3 for the ConvNeXt's right context (icefall's ``pad_length`` of 13 in streaming_decode.py)."""
+        return 7 + (2 * self.convnext.padding[0] if self.convnext is not None else 0)
+
+    def init_cache(self, batch_size: int, device: Optional[torch.device] = None,
+                   dtype: Optional[torch.dtype] = None) -> Tensor:
+        """Zero ConvNeXt left context (B, C, 3, F') for streaming (B, C, 0, F') without the ConvNeXt."""
+        c = self.conv[-3].out_channels
+        t = self.convnext.padding[0] if self.convnext is not None else 0
+        return torch.zeros(batch_size, c, t, self.out_width, device=device, dtype=dtype)
+
+    def streaming_forward(self, x: Tensor, x_lens: Tensor, cached_left_pad: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """One streaming step, eval mode.
+
+        x: (B, 2C + ``streaming_lookahead``, F) features: the chunk's 2C frames and the look-ahead after them;
+        x_lens: (B,) valid frames of x (fewer at the end of an utterance; may be <= 0 once it has ended);
+        cached_left_pad: from :meth:`init_cache` or the previous step.
+        Returns ((B, C, D) for the chunk's C output frames (50 Hz), (B,) valid output frames, the new cache)."""
+        x = self.conv[0](x.unsqueeze(1).contiguous(memory_format=torch.channels_last))
+        for layer in self.conv[1:]:
+            x = layer(x)
+        t = x.shape[2]
+        out_lens = torch.div(x_lens - 7, 2, rounding_mode="floor").clamp(min=0, max=t)
+        valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)
+        x = x * valid[:, None, :, None].to(x.dtype)  # as forward: frames past the utterance are zero
+        if self.convnext is not None:
+            x, cached_left_pad = self.convnext.streaming_forward(x, cached_left_pad)
+        return self._output(x), out_lens.clamp(max=x.shape[2]), cached_left_pad

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import random
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +105,21 @@ class ConvolutionModule(nn.Module):
                          padding=(0, w.shape[-1] // 2), groups=w.shape[0]).squeeze(2)  # (B, D, T)
         x = self.balancer2(x).permute(2, 0, 1)  # (T, B, D)
         return self.out_proj(self.whiten(x))
+
+    def streaming_forward(self, x: Tensor, cache: Tensor,
+                          key_padding_mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """One chunk of a causal module: x (T,B,D), cache (B,D,kernel//2), key_padding_mask (B,T) of this chunk.
+        Returns ((T,B,D), new cache)."""
+        if not self.causal:
+            raise RuntimeError("streaming needs a causal convolution module (build the encoder with causal=True)")
+        x = self.in_proj(x)
+        x, s = x.chunk(2, dim=-1)
+        x = (x * torch.sigmoid(self.balancer1(s))).permute(1, 2, 0)  # (B, D, T)
+        if key_padding_mask is not None:
+            x = x.masked_fill(key_padding_mask.unsqueeze(1), 0.0)
+        x, cache = self.depthwise_conv.streaming_forward(x, cache)
+        x = self.balancer2(x).permute(2, 0, 1)  # (T, B, D)
+        return self.out_proj(self.whiten(x)), cache
 
 
 class BypassModule(nn.Module):
@@ -231,6 +246,57 @@ class Zipformer2EncoderLayer(nn.Module):
         src = self.bypass(src_orig, src)
         return self.whiten(self.balancer2(src))
 
+    def streaming_forward(self, src: Tensor, pos_emb: Tensor, caches: Sequence[Tensor],
+                          key_padding_mask: Optional[Tensor] = None) -> Tuple[Tensor, List[Tensor]]:
+        """One chunk in eval mode (no skipping or masking): src (T,B,D), pos_emb (1,L+2T-1,P),
+        key_padding_mask (B,L+T), caches as in :meth:`init_caches`. Returns ((T,B,D), new caches)."""
+        cached_key, cached_nonlin, cached_val1, cached_val2, cached_conv1, cached_conv2 = caches
+        left = cached_key.shape[0]
+        chunk_mask = None if key_padding_mask is None else key_padding_mask[:, left:]
+        src_orig = src
+        attn_weights, cached_key = self.self_attn_weights.streaming_forward(src, pos_emb, cached_key,
+                                                                            key_padding_mask)
+        src = src + self.feed_forward1(src)
+        na, cached_nonlin = self.nonlin_attention.streaming_forward(src, attn_weights[0:1], cached_nonlin)
+        src = src + self.balancer_na(na)
+        sa, cached_val1 = self.self_attn1.streaming_forward(src, attn_weights, cached_val1)
+        src = src + sa
+        conv, cached_conv1 = self.conv_module1.streaming_forward(src, cached_conv1, chunk_mask)
+        src = src + conv
+        src = src + self.balancer_ff2(self.feed_forward2(src))
+
+        src = self.bypass_mid(src_orig, src)
+
+        sa, cached_val2 = self.self_attn2.streaming_forward(src, attn_weights, cached_val2)
+        src = src + sa
+        conv, cached_conv2 = self.conv_module2.streaming_forward(src, cached_conv2, chunk_mask)
+        src = src + conv
+        src = src + self.balancer_ff3(self.feed_forward3(src))
+
+        src = self.norm(self.balancer1(src))
+        src = self.bypass(src_orig, src)
+        return self.whiten(self.balancer2(src)), [cached_key, cached_nonlin, cached_val1, cached_val2,
+                                                  cached_conv1, cached_conv2]
+
+    def init_caches(self, batch_size: int, left_context_len: int, device: Optional[torch.device] = None,
+                    dtype: Optional[torch.dtype] = None) -> List[Tensor]:
+        """Zero caches for streaming: keys (L,B,H*qd), NonlinAttention values (L,B,hidden), values of the two
+        self-attentions (L,B,H*vd) each, and the two convolutions' left context (B,D,kernel//2) each."""
+        w = self.self_attn_weights
+        conv = self.conv_module1.depthwise_conv
+        if not isinstance(conv, ChunkCausalDepthwiseConv1d):
+            raise RuntimeError("streaming needs a causal encoder (build it with causal=True)")
+        kw = dict(device=device, dtype=dtype)
+        b, L = batch_size, left_context_len
+        return [
+            torch.zeros(L, b, w.num_heads * w.query_head_dim, **kw),
+            torch.zeros(L, b, self.nonlin_attention.hidden_channels, **kw),
+            torch.zeros(L, b, self.self_attn1.in_proj.out_features, **kw),
+            torch.zeros(L, b, self.self_attn2.in_proj.out_features, **kw),
+            torch.zeros(b, self.embed_dim, conv.kernel_size // 2, **kw),
+            torch.zeros(b, self.embed_dim, conv.kernel_size // 2, **kw),
+        ]
+
 
 class Zipformer2Encoder(nn.Module):
     """A stack of ``num_layers`` copies of a layer sharing one positional encoding; layer i's bypass skip rate
@@ -263,6 +329,20 @@ class Zipformer2Encoder(nn.Module):
                         key_padding_mask=key_padding_mask)
             out = out * feature_mask
         return out
+
+    def streaming_forward(self, src: Tensor, caches: Sequence[Tensor], left_context_len: int,
+                          key_padding_mask: Optional[Tensor] = None) -> Tuple[Tensor, List[Tensor]]:
+        """One chunk: src (T,B,D), six caches per layer, key_padding_mask (B, left_context_len+T)."""
+        pos_emb = self.encoder_pos(src, left_context_len)
+        new_caches: List[Tensor] = []
+        for i, layer in enumerate(self.layers):
+            src, c = layer.streaming_forward(src, pos_emb, caches[6 * i: 6 * i + 6], key_padding_mask)
+            new_caches.extend(c)
+        return src, new_caches
+
+    def init_caches(self, batch_size: int, left_context_len: int, device: Optional[torch.device] = None,
+                    dtype: Optional[torch.dtype] = None) -> List[Tensor]:
+        return [c for layer in self.layers for c in layer.init_caches(batch_size, left_context_len, device, dtype)]
 
 
 def _ds_mask(mask: Optional[Tensor], ds: int) -> Optional[Tensor]:
@@ -373,3 +453,20 @@ class DownsampledZipformer2Encoder(nn.Module):
                            key_padding_mask=_ds_mask(key_padding_mask, ds))
         src = self.upsample(src)[: src_orig.shape[0]]
         return self.out_combiner(src_orig, src)
+
+    def streaming_forward(self, src: Tensor, caches: Sequence[Tensor], left_context_len: int,
+                          key_padding_mask: Optional[Tensor] = None) -> Tuple[Tensor, List[Tensor]]:
+        """One chunk at the input rate: src (T,B,D) with T and ``left_context_len`` multiples of the factor,
+        key_padding_mask (B, left_context_len+T)."""
+        src_orig = src
+        ds = self.downsample_factor
+        chunk_mask = None if key_padding_mask is None else key_padding_mask[:, left_context_len:]
+        src = self.downsample(src, chunk_mask)
+        src, caches = self.encoder.streaming_forward(src, caches, left_context_len // ds,
+                                                     _ds_mask(key_padding_mask, ds))
+        src = self.upsample(src)[: src_orig.shape[0]]
+        return self.out_combiner(src_orig, src), caches
+
+    def init_caches(self, batch_size: int, left_context_len: int, device: Optional[torch.device] = None,
+                    dtype: Optional[torch.dtype] = None) -> List[Tensor]:
+        return self.encoder.init_caches(batch_size, left_context_len // self.downsample_factor, device, dtype)

@@ -752,6 +752,17 @@ class ChunkCausalDepthwiseConv1d(nn.Module):
         xc = xc.reshape(b, n, c, chunk_size).permute(0, 2, 1, 3).reshape(b, c, n * chunk_size)[..., :t]
         return xc + x_causal
 
+    def streaming_forward(self, x: Tensor, cache: Tensor) -> Tuple[Tensor, Tensor]:
+        """One whole chunk x (B, C, T) after ``cache`` (B, C, kernel_size // 2), the frames just before it.
+
+        Returns the same (B, C, T) as :meth:`forward` gives for this chunk inside a longer input, and the new
+        cache: the last kernel_size // 2 frames of cache + x."""
+        left_pad = self.kernel_size // 2
+        x_full = torch.cat((cache.to(x.dtype), x), dim=2)
+        x_causal = self.causal_conv(x_full)
+        xc = self.chunkwise_conv(x) * self._chunk_scale(x.shape[2], x.dtype)
+        return xc + x_causal, x_full[..., x_full.shape[2] - left_pad:]
+
 
 class _BypassFunction(torch.autograd.Function):
     """out = src_orig + (src - src_orig) * scale, saving the difference in the compute dtype (not fp32 under

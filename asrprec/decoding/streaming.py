@@ -1,0 +1,140 @@
+"""Streaming decoding: a causal Zipformer encodes chunk by chunk with its caches, and greedy search carries its
+hypotheses from one chunk to the next.
+
+icefall decodes streaming models with ``egs/librispeech/ASR/zipformer/streaming_decode.py`` (a pool of streams,
+each with its own encoder and decoder state); this module does the same work for a batch of utterances that
+start together, which gives each utterance the same result as decoding it alone.
+
+Legend: B streams (utterances), C chunk size (50 Hz frames), T' encoder frames (25 Hz), D_enc encoder width,
+J joiner width, F feature bins.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._common import check_inputs, decoder_step, joint_logits, model_device
+
+
+class StreamingGreedySearch:
+    """Greedy search fed encoder output a chunk at a time; :attr:`hyps` is the partial result after each chunk.
+
+    Same decisions as :func:`asrprec.decoding.greedy_search` over the concatenated chunks (greedy search only
+    looks at the current frame and the emitted tokens), written per frame without the length sort, so a test
+    can check one against the other.
+    """
+
+    def __init__(self, model: nn.Module, batch_size: int, max_sym_per_frame: int = 1):
+        if not isinstance(max_sym_per_frame, int) or max_sym_per_frame < 1:
+            raise ValueError(f"max_sym_per_frame must be an integer >= 1, got {max_sym_per_frame!r}")
+        self.model = model
+        self.max_sym_per_frame = max_sym_per_frame
+        self.blank = model.decoder.blank_id
+        self.device = model_device(model)
+        self.hyps: list[list[int]] = [[] for _ in range(batch_size)]
+        self.contexts = torch.full((batch_size, model.decoder.context_size), self.blank, dtype=torch.int64,
+                                   device=self.device)
+        self.dec = decoder_step(model, self.contexts) if batch_size else None  # (B, J)
+
+    @torch.no_grad()
+    def accept(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> None:
+        """Consume the next chunk: encoder_out (B, T', D_enc), encoder_out_lens (B,) valid frames of it
+        (0 for a stream that has ended)."""
+        check_inputs(encoder_out, encoder_out_lens)
+        if encoder_out.shape[0] != len(self.hyps):
+            raise ValueError(f"this search has {len(self.hyps)} streams, got a chunk of {encoder_out.shape[0]}")
+        proj = self.model.joiner.encoder_proj
+        enc = proj(encoder_out.to(proj.weight.dtype))  # (B, T', J)
+        lens = encoder_out_lens.to(self.device)
+        for t in range(encoder_out.shape[1]):
+            rows = torch.nonzero(lens > t).squeeze(1)
+            for _ in range(self.max_sym_per_frame):
+                if rows.numel() == 0:
+                    break
+                tokens = joint_logits(self.model, enc[rows, t], self.dec[rows]).argmax(dim=-1)
+                emitted = tokens != self.blank
+                rows, tokens = rows[emitted], tokens[emitted]
+                if rows.numel() == 0:
+                    break
+                for r, k in zip(rows.tolist(), tokens.tolist()):
+                    self.hyps[r].append(k)
+                self.contexts[rows] = torch.cat([self.contexts[rows, 1:], tokens[:, None]], dim=1)
+                self.dec[rows] = decoder_step(self.model, self.contexts[rows])
+
+
+@torch.no_grad()
+def streaming_encode(
+    model: nn.Module,
+    features: torch.Tensor,
+    feature_lens: torch.Tensor,
+    chunk_size: int,
+    left_context_frames: int,
+    on_chunk: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run a causal Zipformer transducer's encoder chunk by chunk, as a live stream would.
+
+    Args:
+        model: a transducer whose ``encoder`` has ``streaming_forward`` (``build_transducer(encoder="zipformer",
+            encoder_overrides={"causal": True})``), in eval mode, any precision.
+        features: (B, T, F) features; feature_lens: (B,) valid frames.
+        chunk_size: C, 50 Hz frames per chunk (even; a multiple of every stack's downsampling factor).
+        left_context_frames: cached 50 Hz frames (rounded down to whole chunks, as in simulated streaming).
+        on_chunk: called with each chunk's (B, C/2, D_enc) output and its (B,) valid frames, as they come.
+    Returns:
+        encoder_out (B, T', D_enc) and encoder_out_lens (B,): equal to ``model.encode`` of the model configured
+        for the same chunk size and left context (simulated streaming), up to rounding.
+    """
+    encoder = model.encoder
+    if not hasattr(encoder, "streaming_forward"):
+        raise ValueError(f"{type(encoder).__name__} cannot stream; streaming needs a causal Zipformer encoder")
+    if features.dim() != 3 or feature_lens.shape != (features.shape[0],):
+        raise ValueError(f"features must be (B, T, F) and feature_lens (B,), got {tuple(features.shape)} and "
+                         f"{tuple(feature_lens.shape)}")
+    b, t, _ = features.shape
+    states = encoder.get_init_states(b, chunk_size, left_context_frames)
+    dtype = states[0].dtype
+    step, lookahead = 2 * chunk_size, encoder.streaming_lookahead
+    padded = F.pad(features.to(dtype), (0, 0, 0, step + lookahead))
+    feature_lens = feature_lens.to(features.device)
+    outs, out_lens = [], torch.zeros(b, dtype=torch.int64, device=features.device)
+    # a chunk is run while some utterance still has output frames in it: (L - 7) // 2 frames at 50 Hz
+    n_out = torch.div(feature_lens - 7, 2, rounding_mode="floor")
+    for start in range(0, max(int(n_out.max()), 0) * 2 if b else 0, step):
+        out, lens, states = encoder.streaming_forward(padded[:, start: start + step + lookahead],
+                                                      feature_lens - start, states)
+        lens = lens.clamp(min=0)
+        if on_chunk is not None:
+            on_chunk(out, lens)
+        outs.append(out)
+        out_lens += lens
+    if not outs:
+        raise ValueError("every utterance is shorter than 9 feature frames; nothing to encode")
+    return torch.cat(outs, dim=1), out_lens
+
+
+@torch.no_grad()
+def streaming_decode(
+    model: nn.Module,
+    features: torch.Tensor,
+    feature_lens: torch.Tensor,
+    options,
+    chunk_size: int,
+    left_context_frames: int,
+) -> list[list[int]]:
+    """Decode a batch as live streams: :func:`streaming_encode`, with greedy search advancing after every chunk
+    (``options.method == "greedy_search"``) or modified beam search run over the streamed encoder output (its
+    result is the same as running it chunk by chunk: the search is frame-synchronous; only partial results
+    mid-utterance are not exposed). Returns B token-id lists in the input order."""
+    from . import modified_beam_search  # the package's (avoids a circular import at module load)
+
+    if options.method == "greedy_search":
+        search = StreamingGreedySearch(model, features.shape[0], options.max_sym_per_frame)
+        streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=search.accept)
+        return search.hyps
+    encoder_out, encoder_out_lens = streaming_encode(model, features, feature_lens, chunk_size, left_context_frames)
+    return modified_beam_search(model, encoder_out, encoder_out_lens, beam=options.beam,
+                                length_norm=options.length_norm)
