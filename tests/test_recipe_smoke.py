@@ -41,7 +41,8 @@ def test_recipe_smoke(tmp_path, precision):
     # the Conformer here (the model.json check below is written for its preset); the default Zipformer runs in the
     # slow test below and in run.sh
     run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--precision", precision, "--num-epochs", 2,
-        "--max-batches-per-epoch", 2, "--max-duration", 20, "--no-progress-bar", "--encoder", "conformer")
+        "--max-batches-per-epoch", 2, "--max-duration", 20, "--no-progress-bar", "--encoder", "conformer",
+        "--average-period", 1)
     assert (exp / "epoch-1.pt").is_file() and (exp / "epoch-2.pt").is_file()
     assert (exp / "tensorboard").is_dir()
     # --seed fixes the run (model initialisation included), and the pre-training OOM scan of the riskiest
@@ -65,8 +66,11 @@ def test_recipe_smoke(tmp_path, precision):
         out = run(RECIPE / "decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--avg", 2,
                   "--precision", precision, "--decoding-method", method, "--splits", "test")
         assert "test: WER" in out
+    out = run(RECIPE / "decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--avg", 1,
+              "--precision", precision, "--use-averaged-model", "--splits", "test")
+    assert "weights: running average from epoch-1.pt to epoch-2.pt" in out and "test: WER" in out
     summaries = list(exp.glob("wer-summary-*.json"))
-    assert len(summaries) == 2
+    assert len(summaries) == 3
     for s in summaries:
         wer = json.loads(s.read_text())["test"]["wer"]
         assert 0.0 <= wer  # a 4-batch model is not expected to be accurate, only to run

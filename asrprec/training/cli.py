@@ -110,6 +110,9 @@ def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
     p.add_argument("--valid-interval", type=int, default=d.valid_interval)
     p.add_argument("--save-every-n", type=int, default=d.save_every_n)
     p.add_argument("--keep-last-k", type=int, default=d.keep_last_k)
+    p.add_argument("--average-period", type=int, default=d.average_period,
+                   help="keep a running mean of the weights every N batches in each checkpoint, for decoding with "
+                        "--use-averaged-model (icefall's model_avg); 0 = off")
     p.add_argument("--max-batches-per-epoch", type=int, default=d.max_batches_per_epoch)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--scan-oom", choices=SCAN_OOM_MODES, default=d.scan_oom,
@@ -128,6 +131,10 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epoch", type=int, required=True, help="decode with epoch-N.pt (averaged with --avg)")
     p.add_argument("--avg", type=int, default=1, help="average the last AVG epoch checkpoints ending at --epoch")
+    p.add_argument("--use-averaged-model", action="store_true",
+                   help="decode with the mean of the weights sampled (every --average-period batches) after epoch "
+                        "EPOCH-AVG up to epoch EPOCH, from the running averages in the two checkpoints (icefall's "
+                        "--use-averaged-model), instead of the mean of the AVG epoch-end weights")
     p.add_argument("--decoding-method", choices=("greedy_search", "modified_beam_search"), default="greedy_search")
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--max-sym-per-frame", type=int, default=1)

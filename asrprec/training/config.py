@@ -37,6 +37,9 @@ class TrainConfig:
     valid_interval: int = 0  # batches between validations; 0 = at the end of each epoch only
     save_every_n: int = 0  # batches between mid-epoch checkpoints; 0 = epoch checkpoints only
     keep_last_k: int = 5
+    # running mean of the weights every N batches, stored in each checkpoint for decoding with
+    # --use-averaged-model (icefall's model_avg, average_period 200); 0 = off
+    average_period: int = 200
     max_batches_per_epoch: int = 0  # 0 = the whole epoch (smoke tests set a few)
     seed: int = 42
     tensorboard: bool = True
@@ -50,6 +53,8 @@ class TrainConfig:
             raise ValueError(f"encoder_schedule_scale must be > 0, got {self.encoder_schedule_scale}")
         if self.scan_oom not in SCAN_OOM_MODES:
             raise ValueError(f"scan_oom must be one of {SCAN_OOM_MODES}, got {self.scan_oom!r}")
+        if self.average_period < 0:
+            raise ValueError(f"average_period must be >= 0 (0 = no running average), got {self.average_period}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.num_epochs < 1 or self.start_epoch < 1:

@@ -150,6 +150,7 @@ def train_one_epoch(
     state: TrainState,
     writer: SummaryWriterOrNull,
     save,
+    averager: ckpt.RunningAverage | None = None,
 ) -> dict[str, float]:
     """Train for one epoch; returns per-frame average training loss and throughput."""
     model.train()
@@ -186,6 +187,8 @@ def train_one_epoch(
             scaler.update()
             scaler.check_health(state.batch_idx_train, on_collapse=lambda: save("bad-model.pt"))
             optimizer.zero_grad(set_to_none=True)
+            if averager is not None:
+                averager.maybe_update(bare, state.batch_idx_train)
         except Exception as e:
             save("bad-model.pt")
             if is_out_of_memory(e):
@@ -270,13 +273,16 @@ def train(
     scaler.watch(unwrap(model))
     state = TrainState(epoch=cfg.start_epoch)
     full_config = {"train": cfg.to_dict(), **(config_for_checkpoint or {})}
+    # rank 0 only: the replicas are identical, and only rank 0 saves
+    averager = ckpt.RunningAverage(unwrap(model), cfg.average_period) \
+        if cfg.average_period and is_main_process() else None
 
     def save(name: str, sampler=None) -> None:
         if not is_main_process():
             return
         ckpt.save_checkpoint(
             exp_dir / name, model=unwrap(model), optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-            sampler=sampler, policy=policy, config=full_config,
+            sampler=sampler, policy=policy, config=full_config, model_avg=averager,
             extra={"epoch": state.epoch, "batch_idx_train": state.batch_idx_train,
                    "best_valid_loss": state.best_valid_loss, "best_valid_epoch": state.best_valid_epoch},
         )
@@ -290,6 +296,14 @@ def train(
     if resume_from is not None:
         info = ckpt.load_checkpoint(resume_from, model=unwrap(model), optimizer=optimizer, scheduler=scheduler,
                                     scaler=scaler)
+        if averager is not None:
+            saved_avg = ckpt.read_checkpoint(resume_from).get("model_avg")
+            if isinstance(saved_avg, dict) and "count" in saved_avg:
+                averager.load_state_dict(saved_avg)
+                averager.period = cfg.average_period
+            else:
+                log.warning("%s holds no running average of the weights: it restarts here, so decoding with "
+                            "--use-averaged-model can only average epochs trained from now on", resume_from)
         extra = info.get("extra", {})
         state.batch_idx_train = int(extra.get("batch_idx_train", 0))
         state.best_valid_loss = float(extra.get("best_valid_loss", math.inf))
@@ -314,7 +328,7 @@ def train(
                 sampler_state = None
             stats = train_one_epoch(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                     policy=policy, tokenizer=tokenizer, train_dl=train_dl, valid_dl=valid_dl,
-                                    cfg=cfg, state=state, writer=writer, save=save)
+                                    cfg=cfg, state=state, writer=writer, save=save, averager=averager)
             stats["valid_loss"] = validate(model, valid_dl, tokenizer, policy)
             stats["peak_memory_mb"] = peak_memory_mb(policy.device)
             if stats["valid_loss"] < state.best_valid_loss:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from asrprec.checkpoint import average_checkpoints, find_epoch_checkpoints, load_model_weights
+from asrprec.checkpoint import load_decoding_weights
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.decoding import DecodingOptions, decode_dataset
 from asrprec.metrics import write_error_stats, write_recogs
@@ -47,8 +47,7 @@ def main() -> None:
     setup_logging()
     model_config = json.loads((args.exp_dir / "model.json").read_text())
     model = build_transducer(**model_config)
-    paths = find_epoch_checkpoints(args.exp_dir, args.epoch, args.avg)
-    load_model_weights(model, average_checkpoints(paths), source=f"average of {', '.join(p.name for p in paths)}")
+    print("weights:", load_decoding_weights(model, args.exp_dir, args.epoch, args.avg, args.use_averaged_model))
     streaming_tag = configure_streaming(model, args.chunk_size, args.left_context_frames, args.streaming)
     policy = get_policy(args.precision, resolve_device(args.device))
     model = policy.prepare_for_inference(model)
@@ -56,6 +55,8 @@ def main() -> None:
     cuts = load_fbank_cuts(args.data_dir)
     data = AsrDataModule(DataConfig(max_duration=args.max_duration))
     tag = f"{args.decoding_method}-epoch-{args.epoch}-avg-{args.avg}-{args.precision}"
+    if args.use_averaged_model:
+        tag += "-use-averaged-model"
     if args.decoding_method == "modified_beam_search":
         tag += f"-beam-{args.beam_size}"
     if streaming_tag:

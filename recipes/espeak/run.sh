@@ -18,4 +18,8 @@ $PY recipes/espeak/decode.py --exp-dir "$EXP" --epoch "$EPOCHS" --avg "$AVG" --p
   --decoding-method greedy_search
 $PY recipes/espeak/decode.py --exp-dir "$EXP" --epoch "$EPOCHS" --avg "$AVG" --precision "$PRECISION" \
   --decoding-method modified_beam_search --beam-size 4 --splits test
+# the running average of the weights over the last AVG epochs (sampled every 10 batches; icefall's
+# --use-averaged-model) instead of the mean of their AVG end points
+$PY recipes/espeak/decode.py --exp-dir "$EXP" --epoch "$EPOCHS" --avg "$AVG" --precision "$PRECISION" \
+  --decoding-method greedy_search --use-averaged-model
 echo "recipe finished in $(( $(date +%s) - start )) s (after install); results in $EXP"

@@ -155,3 +155,29 @@ def test_causal_flags_become_zipformer_overrides():
     add_decoding_args(d)
     got = d.parse_args(["--epoch", "3", "--chunk-size", "32", "--left-context-frames", "256"])
     assert (got.chunk_size, got.left_context_frames) == (32, 256)
+
+
+def test_running_average_is_kept_saved_and_resumed(tmp_path):
+    """The loop samples the weights every --average-period batches into each checkpoint; a resumed run carries the
+    same average on (the averaging itself is checked against explicit means in tests/test_model_averaging.py)."""
+    policy = get_policy("fp32", "cpu")
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(model=make_model(), policy=policy, tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
+          cfg=cfg(a, num_epochs=3, average_period=3))
+    train(model=make_model(), policy=policy, tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
+          cfg=cfg(b, num_epochs=2, average_period=3))
+    train(model=make_model(), policy=policy, tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
+          cfg=cfg(b, num_epochs=3, start_epoch=3, average_period=3))
+    saved = [torch.load(d / "epoch-3.pt", weights_only=True)["model_avg"] for d in (a, b)]
+    assert saved[0]["count"] == saved[1]["count"] == 4  # batches 3, 6, 9, 12
+    for k, v in saved[0]["weights"].items():
+        assert torch.equal(v, saved[1]["weights"][k]), k
+    one = torch.load(a / "epoch-1.pt", weights_only=True)
+    assert one["model_avg"]["count"] == 1  # batch 3 of the first 4
+    # the average is not the last model
+    assert not torch.equal(one["model_avg"]["weights"]["encoder.proj.weight"].float(),
+                           one["model"]["encoder.proj.weight"])
+    off = tmp_path / "off"
+    train(model=make_model(), policy=policy, tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
+          cfg=cfg(off, num_epochs=1, average_period=0))
+    assert "model_avg" not in torch.load(off / "epoch-1.pt", weights_only=True)
