@@ -88,9 +88,12 @@ def decode(
 
 
 from .dataset import decode_dataset  # noqa: E402  (uses decode above)
-from .streaming import StreamingGreedySearch, streaming_decode, streaming_encode  # noqa: E402
+from .streaming import (  # noqa: E402
+    StreamingGreedySearch, StreamingModifiedBeamSearch, streaming_decode, streaming_encode,
+)
 
 __all__ = [
     "METHODS", "DecodingOptions", "Hypothesis", "HypothesisList", "decode", "decode_dataset", "decode_encoder_out",
-    "greedy_search", "modified_beam_search", "StreamingGreedySearch", "streaming_decode", "streaming_encode",
+    "greedy_search", "modified_beam_search", "StreamingGreedySearch", "StreamingModifiedBeamSearch",
+    "streaming_decode", "streaming_encode",
 ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import decoder_step, joint_logits, log_softmax_fp32, model_device, sort_and_project
+from ._common import decoder_step, joint_logits, log_softmax_fp32, sort_and_project
 from .hypothesis import Hypothesis, HypothesisList
 
 
@@ -57,46 +57,58 @@ def modified_beam_search(
     B = encoder_out.size(0)
     if B == 0:
         return []
-    blank = model.decoder.blank_id
     C = model.decoder.context_size
-    device = model_device(model)
     enc = batch.encoder_proj  # (B, T, J), sorted by decreasing length
 
     beams = [HypothesisList([Hypothesis()]) for _ in range(B)]
     for t, n in enumerate(batch.batch_sizes):
-        active = [list(beams[i]) for i in range(n)]
-        counts = [len(a) for a in active]
-        flat = [h for a in active for h in a]
-        H, max_h = len(flat), max(counts)
-        row_ids = torch.repeat_interleave(torch.arange(n), torch.tensor(counts)).to(device)  # (H,)
-        pos = torch.tensor([j for c in counts for j in range(c)], device=device)  # (H,) slot within its row
-
-        contexts = torch.tensor([h.context(C, blank) for h in flat], dtype=torch.int64, device=device)
-        dec = decoder_step(model, contexts)  # (H, J)
-        logits = joint_logits(model, enc[:, t].index_select(0, row_ids), dec)  # (H, V)
-        V = logits.size(-1)
-        scores = torch.tensor([h.log_prob for h in flat], dtype=torch.float64, device=device)
-        cand = log_softmax_fp32(logits).double() + scores[:, None]  # (H, V)
-
-        block = torch.full((n, max_h, V), float("-inf"), dtype=torch.float64, device=device)
-        block[row_ids, pos] = cand
-        k = min(beam, max_h * V)
-        top_scores, top_idx = block.view(n, max_h * V).topk(k, dim=1)  # (n, k)
-
-        top_scores, top_idx = top_scores.tolist(), top_idx.tolist()
-        for i in range(n):
-            new = HypothesisList()
-            for score, idx in zip(top_scores[i], top_idx[i]):
-                if score == float("-inf"):  # a padding slot (fewer than k real candidates)
-                    continue
-                src, tok = active[i][idx // V], idx % V
-                if tok == blank:
-                    new.add(Hypothesis(src.tokens, score, src.timestamps))
-                else:
-                    new.add(Hypothesis(src.tokens + (tok,), score, src.timestamps + (t,)))
-            beams[i] = new
+        beams[:n] = beam_search_step(model, enc[:n, t], beams[:n], [t] * n, beam)
 
     beams = batch.unsort(beams)
     if return_hypotheses:
         return beams
     return [list(b.get_most_probable(length_norm=length_norm, context_size=C).tokens) for b in beams]
+
+
+def beam_search_step(model: nn.Module, enc_t: torch.Tensor, beams: list[HypothesisList], frames: list[int],
+                     beam: int) -> list[HypothesisList]:
+    """One frame of modified beam search for N utterances: each hypothesis emits blank or one token on its
+    utterance's projected encoder frame ``enc_t`` (N, J); the best ``beam`` candidates per utterance survive,
+    equal label sequences merged. ``frames`` (N) are the frame indices recorded as token timestamps."""
+    n = len(beams)
+    blank = model.decoder.blank_id
+    C = model.decoder.context_size
+    device = enc_t.device
+    active = [list(b) for b in beams]
+    counts = [len(a) for a in active]
+    flat = [h for a in active for h in a]
+    max_h = max(counts)
+    row_ids = torch.repeat_interleave(torch.arange(n), torch.tensor(counts)).to(device)  # (H,)
+    pos = torch.tensor([j for c in counts for j in range(c)], device=device)  # (H,) slot within its row
+
+    contexts = torch.tensor([h.context(C, blank) for h in flat], dtype=torch.int64, device=device)
+    dec = decoder_step(model, contexts)  # (H, J)
+    logits = joint_logits(model, enc_t.index_select(0, row_ids), dec)  # (H, V)
+    V = logits.size(-1)
+    scores = torch.tensor([h.log_prob for h in flat], dtype=torch.float64, device=device)
+    cand = log_softmax_fp32(logits).double() + scores[:, None]  # (H, V)
+
+    block = torch.full((n, max_h, V), float("-inf"), dtype=torch.float64, device=device)
+    block[row_ids, pos] = cand
+    k = min(beam, max_h * V)
+    top_scores, top_idx = block.view(n, max_h * V).topk(k, dim=1)  # (n, k)
+
+    top_scores, top_idx = top_scores.tolist(), top_idx.tolist()
+    out = []
+    for i in range(n):
+        new = HypothesisList()
+        for score, idx in zip(top_scores[i], top_idx[i]):
+            if score == float("-inf"):  # a padding slot (fewer than k real candidates)
+                continue
+            src, tok = active[i][idx // V], idx % V
+            if tok == blank:
+                new.add(Hypothesis(src.tokens, score, src.timestamps))
+            else:
+                new.add(Hypothesis(src.tokens + (tok,), score, src.timestamps + (frames[i],)))
+        out.append(new)
+    return out

@@ -1,5 +1,5 @@
-"""Streaming decoding: a causal Zipformer encodes chunk by chunk with its caches, and greedy search carries its
-hypotheses from one chunk to the next.
+"""Streaming decoding: a causal Zipformer encodes chunk by chunk with its caches, and greedy search or modified
+beam search carries its hypotheses from one chunk to the next.
 
 icefall decodes streaming models with ``egs/librispeech/ASR/zipformer/streaming_decode.py`` (a pool of streams,
 each with its own encoder and decoder state); this module does the same work for a batch of utterances that
@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._common import check_inputs, decoder_step, joint_logits, model_device
+from .beam_search import beam_search_step
+from .hypothesis import Hypothesis, HypothesisList
 
 
 class StreamingGreedySearch:
@@ -64,6 +66,44 @@ class StreamingGreedySearch:
                     self.hyps[r].append(k)
                 self.contexts[rows] = torch.cat([self.contexts[rows, 1:], tokens[:, None]], dim=1)
                 self.dec[rows] = decoder_step(self.model, self.contexts[rows])
+
+
+class StreamingModifiedBeamSearch:
+    """Modified beam search fed encoder output a chunk at a time; :meth:`best` gives the partial (or, after the
+    last chunk, final) result. Frame by frame it runs the same step as
+    :func:`asrprec.decoding.modified_beam_search`, on the streams that have a frame left in the chunk; token
+    timestamps count frames from the start of each stream."""
+
+    def __init__(self, model: nn.Module, batch_size: int, beam: int = 4, length_norm: bool = True):
+        if not isinstance(beam, int) or beam < 1:
+            raise ValueError(f"beam must be an integer >= 1, got {beam!r}")
+        self.model, self.beam, self.length_norm = model, beam, length_norm
+        self.beams = [HypothesisList([Hypothesis()]) for _ in range(batch_size)]
+        self.frames = [0] * batch_size  # frames consumed per stream
+
+    @torch.no_grad()
+    def accept(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> None:
+        """Consume the next chunk: encoder_out (B, T', D_enc), encoder_out_lens (B,) valid frames of it."""
+        check_inputs(encoder_out, encoder_out_lens)
+        if encoder_out.shape[0] != len(self.beams):
+            raise ValueError(f"this search has {len(self.beams)} streams, got a chunk of {encoder_out.shape[0]}")
+        proj = self.model.joiner.encoder_proj
+        enc = proj(encoder_out.to(proj.weight.dtype))  # (B, T', J)
+        lens = encoder_out_lens.tolist()
+        for t in range(encoder_out.shape[1]):
+            rows = [r for r, n in enumerate(lens) if n > t]
+            if not rows:
+                break
+            new = beam_search_step(self.model, enc[rows, t], [self.beams[r] for r in rows],
+                                   [self.frames[r] + t for r in rows], self.beam)
+            for r, b in zip(rows, new):
+                self.beams[r] = b
+        self.frames = [f + n for f, n in zip(self.frames, lens)]
+
+    def best(self) -> list[list[int]]:
+        """The best token sequence of each stream so far (length-normalised score unless ``length_norm=False``)."""
+        c = self.model.decoder.context_size
+        return [list(b.get_most_probable(length_norm=self.length_norm, context_size=c).tokens) for b in self.beams]
 
 
 @torch.no_grad()
@@ -125,16 +165,14 @@ def streaming_decode(
     chunk_size: int,
     left_context_frames: int,
 ) -> list[list[int]]:
-    """Decode a batch as live streams: :func:`streaming_encode`, with greedy search advancing after every chunk
-    (``options.method == "greedy_search"``) or modified beam search run over the streamed encoder output (its
-    result is the same as running it chunk by chunk: the search is frame-synchronous; only partial results
-    mid-utterance are not exposed). Returns B token-id lists in the input order."""
-    from . import modified_beam_search  # the package's (avoids a circular import at module load)
-
+    """Decode a batch as live streams: :func:`streaming_encode`, with the search named in ``options``
+    (:class:`StreamingGreedySearch` or :class:`StreamingModifiedBeamSearch`) advancing after every chunk.
+    Returns B token-id lists in the input order."""
+    b = features.shape[0]
     if options.method == "greedy_search":
-        search = StreamingGreedySearch(model, features.shape[0], options.max_sym_per_frame)
+        search = StreamingGreedySearch(model, b, options.max_sym_per_frame)
         streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=search.accept)
         return search.hyps
-    encoder_out, encoder_out_lens = streaming_encode(model, features, feature_lens, chunk_size, left_context_frames)
-    return modified_beam_search(model, encoder_out, encoder_out_lens, beam=options.beam,
-                                length_norm=options.length_norm)
+    beam = StreamingModifiedBeamSearch(model, b, options.beam, options.length_norm)
+    streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=beam.accept)
+    return beam.best()

@@ -1,5 +1,5 @@
-"""Streaming decoding: greedy search fed chunk by chunk against the batched greedy search over whole utterances,
-and chunk-by-chunk decoding of a causal Zipformer transducer against decoding its simulated-streaming output."""
+"""Streaming decoding: greedy and modified beam search fed chunk by chunk against the batched searches over whole
+utterances, and chunk-by-chunk decoding of a causal Zipformer transducer against decoding its simulated-streaming output."""
 
 from __future__ import annotations
 
@@ -7,11 +7,21 @@ import pytest
 import torch
 
 from asrprec.decoding import (
-    DecodingOptions, StreamingGreedySearch, greedy_search, modified_beam_search, streaming_decode, streaming_encode,
+    DecodingOptions, StreamingGreedySearch, StreamingModifiedBeamSearch, greedy_search, modified_beam_search,
+    streaming_decode, streaming_encode,
 )
 from asrprec.models import build_transducer, configure_streaming
 
 LENS = [7, 0, 12, 3, 12, 1]
+
+
+def _random_chunks(enc, enc_lens, seed):
+    g = torch.Generator().manual_seed(seed)
+    start = 0
+    while start < enc.shape[1]:
+        n = int(torch.randint(1, 5, (1,), generator=g))  # chunks of 1-4 frames
+        yield enc[:, start: start + n], (enc_lens - start).clamp(min=0, max=n)
+        start += n
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -22,15 +32,32 @@ def test_streaming_greedy_matches_greedy_search(kit, seed, max_sym):
     enc, enc_lens = model.encode(feats, feat_lens)
     want = greedy_search(model, enc, enc_lens, max_sym_per_frame=max_sym)
     assert sum(map(len, want)) > 10  # the model emits enough for the comparison to mean something
-    g = torch.Generator().manual_seed(seed)
     search = StreamingGreedySearch(model, len(LENS), max_sym_per_frame=max_sym)
-    start = 0
-    while start < enc.shape[1]:
-        n = int(torch.randint(1, 5, (1,), generator=g))  # chunks of 1-4 frames
-        chunk_lens = (enc_lens - start).clamp(min=0, max=n)
-        search.accept(enc[:, start: start + n], chunk_lens)
-        start += n
+    for chunk, chunk_lens in _random_chunks(enc, enc_lens, seed):
+        search.accept(chunk, chunk_lens)
     assert search.hyps == want
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_streaming_beam_search_matches_modified_beam_search(kit, seed, beam):
+    """Chunked against whole-utterance search: same surviving hypotheses, scores and token timestamps (frames
+    counted from each stream's start), with utterances of different lengths ending in different chunks."""
+    model = kit.make_model(seed)
+    feats, feat_lens = kit.make_batch(seed, LENS)
+    enc, enc_lens = model.encode(feats, feat_lens)
+    want = modified_beam_search(model, enc, enc_lens, beam=beam, return_hypotheses=True)
+    search = StreamingModifiedBeamSearch(model, len(LENS), beam=beam)
+    partial = []
+    for chunk, chunk_lens in _random_chunks(enc, enc_lens, seed):
+        search.accept(chunk, chunk_lens)
+        partial.append(search.best())
+    assert sum(len(h.tokens) for b in want for h in b) > 10
+    for got_b, want_b in zip(search.beams, want):
+        assert {h.tokens: (round(h.log_prob, 9), h.timestamps) for h in got_b} == \
+            {h.tokens: (round(h.log_prob, 9), h.timestamps) for h in want_b}
+    assert partial[-1] == modified_beam_search(model, enc, enc_lens, beam=beam)
+    assert len(set(map(str, partial))) > 1  # partial results grow as chunks arrive
 
 
 def test_streaming_greedy_checks_its_input(kit):
