@@ -123,6 +123,25 @@ PY
   echo
   echo "### Streaming Zipformer small on the GPU (benchmarks/streaming.py)"
   echo
+  timeout 60 $PY - <<'PY' || echo "(streaming check failed: exit $?)"
+import torch
+from asrprec.decoding import streaming_encode
+from asrprec.models import build_transducer, configure_streaming
+torch.manual_seed(0)
+m = build_transducer(encoder="zipformer", size="small", vocab_size=500, encoder_overrides={"causal": True}).cuda().eval()
+x, lens = torch.randn(4, 1500, 80, device="cuda"), torch.tensor([1500, 1200, 900, 611], device="cuda")
+print("| model dtype | max abs difference, streaming vs simulated, relative to max abs output (valid frames) |")
+print("|---|---|")
+for dtype in (torch.float32, torch.bfloat16):
+    m = m.to(dtype)
+    with torch.inference_mode():
+        got, n = streaming_encode(m, x, lens, 32, 128)
+        configure_streaming(m, 32, 128)
+        want, n2 = m.encode(x, lens)
+    assert torch.equal(n, n2)
+    err = max(float((got[i, :k] - want[i, :k]).abs().max()) for i, k in enumerate(n.tolist()))
+    print(f"| {str(dtype)[6:]} | {err / float(want.abs().max()):.2e} |")
+PY
   timeout 45 $PY benchmarks/streaming.py --device cuda --sizes small --policies fp32,bf16 --streams 1,16 \
     --chunks 32 --left 128 --seconds 10 --runs 3 || echo "(streaming benchmark failed or timed out: exit $?)"
 } | tee -a "$OUT"
