@@ -119,6 +119,10 @@ def test_streaming_rejects_bad_use(causal_tiny):
     states = causal_tiny.get_init_states(1, 16, 32)
     with pytest.raises(ValueError, match="2 x chunk_size"):
         causal_tiny.streaming_forward(torch.randn(1, 40, 80), torch.tensor([40]), states)
+    with pytest.raises(ValueError, match="B=2 streams"):
+        causal_tiny.streaming_forward(torch.randn(2, 45, 80), torch.tensor([45, 45]), states)
+    with pytest.raises(ValueError, match="tensors of get_init_states"):
+        causal_tiny.streaming_forward(torch.randn(1, 45, 80), torch.tensor([45]), states[:-1])
     causal_tiny.train()
     try:
         with pytest.raises(RuntimeError, match="eval"):

@@ -302,9 +302,14 @@ class ZipformerEncoder(nn.Module):
         if self.training:
             raise RuntimeError("streaming_forward is for inference: call model.eval() first")
         stacks = self.encoder
-        left = states[0].shape[0] * stacks.downsampling_factor[0]
         if features.ndim != 3 or features.shape[-1] != self.num_features:
             raise ValueError(f"features must be (B, T, {self.num_features}), got {tuple(features.shape)}")
+        n_states = len(self._state_batch_dims())
+        if len(states) != n_states or states[-1].shape != (features.shape[0],):
+            raise ValueError(f"states must be the {n_states} tensors of get_init_states for these B="
+                             f"{features.shape[0]} streams (or the previous call's), got {len(states)} tensors for "
+                             f"B={states[-1].shape[0] if len(states) and states[-1].ndim else '?'}")
+        left = states[0].shape[0] * stacks.downsampling_factor[0]
         chunk2 = features.shape[1] - self.streaming_lookahead
         if chunk2 <= 0 or chunk2 % 4:
             raise ValueError(f"features must hold 2 x chunk_size + {self.streaming_lookahead} frames (an even chunk "
