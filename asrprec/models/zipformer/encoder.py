@@ -277,6 +277,29 @@ class ZipformerEncoder(nn.Module):
         per_tensor = [t.split(1, dim=d) for t, d in zip(states, dims)]
         return [list(parts) for parts in zip(*per_tensor)]
 
+    def export_streaming(self, chunk_size: int, left_context_frames: int, example_batch_size: int = 2,
+                         dynamic_batch: bool = True) -> "torch.export.ExportedProgram":
+        """``torch.export`` one streaming step for a fixed chunk size and left context: a graph with no Python,
+        inputs ``(features (B, 2C + streaming_lookahead, F), feature_lens (B,), states)`` and the outputs of
+        :meth:`streaming_forward`; B is dynamic unless ``dynamic_batch=False``. Save it with
+        ``torch.export.save(program, "encoder.pt2")``, run ``torch.export.load(path).module()(...)`` with states
+        from :meth:`get_init_states`; it is also what AOTInductor, ExecuTorch or ``torch.onnx.export`` take."""
+        if self.training:
+            raise RuntimeError("export_streaming is for inference: call model.eval() first")
+        states = self.get_init_states(example_batch_size, chunk_size, left_context_frames)
+        param = next(self.parameters())
+        frames = 2 * chunk_size + self.streaming_lookahead
+        features = torch.zeros(example_batch_size, frames, self.num_features, device=param.device, dtype=param.dtype)
+        feature_lens = torch.full((example_batch_size,), frames, dtype=torch.int64, device=param.device)
+        with torch.no_grad():
+            self.streaming_forward(features, feature_lens, states)  # checks the inputs, fills cached tables
+        dynamic_shapes = None
+        if dynamic_batch:
+            batch = torch.export.Dim("batch", min=1, max=4096)
+            dynamic_shapes = ({0: batch}, {0: batch}, [{d: batch} for d in self._state_batch_dims()])
+        return torch.export.export(_StreamingStep(self), (features, feature_lens, states),
+                                   dynamic_shapes=dynamic_shapes, strict=False)
+
     @property
     def streaming_lookahead(self) -> int:
         """Feature frames (100 Hz) each streaming step needs after its chunk (13 with the ConvNeXt)."""
@@ -322,3 +345,15 @@ class ZipformerEncoder(nn.Module):
         mask = torch.cat((cache_mask, make_pad_mask(x_lens, x.shape[1])), dim=1)
         x, out_lens, caches = stacks.streaming_forward(x.permute(1, 0, 2), x_lens, states[:-2], left, mask)
         return x.permute(1, 0, 2), out_lens, caches + [embed_cache, processed + x_lens]
+
+
+class _StreamingStep(nn.Module):
+    """``encoder.streaming_forward`` as a module's forward, for ``torch.export``."""
+
+    def __init__(self, encoder: ZipformerEncoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, features: Tensor, feature_lens: Tensor,
+                states: List[Tensor]) -> Tuple[Tensor, Tensor, List[Tensor]]:
+        return self.encoder.streaming_forward(features, feature_lens, states)

@@ -345,6 +345,12 @@ class Zipformer2Encoder(nn.Module):
         return [c for layer in self.layers for c in layer.init_caches(batch_size, left_context_len, device, dtype)]
 
 
+def _is_exporting() -> bool:
+    """True inside ``torch.export`` (``torch.compiler.is_exporting``, missing from older torch versions)."""
+    probe = getattr(torch.compiler, "is_exporting", None)
+    return bool(probe()) if probe is not None else False
+
+
 def _ds_mask(mask: Optional[Tensor], ds: int) -> Optional[Tensor]:
     return None if mask is None else mask[:, ::ds]
 
@@ -408,7 +414,8 @@ class SimpleDownsample(nn.Module):
 
     def forward(self, src: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         t, b, c = src.shape
-        if key_padding_mask is not None and bool(key_padding_mask.any()):
+        # (the .any() test saves a copy when nothing is padded; an exported graph cannot branch on data)
+        if key_padding_mask is not None and (_is_exporting() or bool(key_padding_mask.any())):
             # repeat each utterance's last valid frame over its padding, as if it were alone in the batch.
             lens = (~key_padding_mask).sum(dim=1).clamp(min=1)
             idx = torch.minimum(torch.arange(t, device=src.device).unsqueeze(1), (lens - 1).unsqueeze(0))
