@@ -25,7 +25,9 @@ def _sharpen_(enc: torch.nn.Module) -> torch.nn.Module:
     return enc
 
 
-def _stream(enc, feats, lens, chunk, left, fill_processed: int = 0):
+def _stream(enc, feats, lens, chunk, left, fill_processed: int = 0, step=None):
+    """Run ``enc`` chunk by chunk (``step``, default ``enc.streaming_forward``, does one chunk)."""
+    step = step or enc.streaming_forward
     b, t, _ = feats.shape
     states = enc.get_init_states(b, chunk, left)
     states[-1] += fill_processed  # test hook: pretend the caches were already full
@@ -33,7 +35,7 @@ def _stream(enc, feats, lens, chunk, left, fill_processed: int = 0):
     padded = F.pad(feats, (0, 0, 0, 2 * chunk + la), value=7.0)  # padding content must not matter
     outs, out_lens = [], torch.zeros(b, dtype=torch.int64)
     for start in range(0, t, 2 * chunk):
-        out, n, states = enc.streaming_forward(padded[:, start: start + 2 * chunk + la], lens - start, states)
+        out, n, states = step(padded[:, start: start + 2 * chunk + la], lens - start, states)
         outs.append(out)
         out_lens += n.clamp(min=0)
     return torch.cat(outs, dim=1), out_lens
@@ -184,13 +186,6 @@ def test_exported_streaming_step_matches_eager(causal_tiny, tmp_path):
     feats, lens = _batch(200, (200, 167, 120))
     with torch.no_grad():
         want, want_lens = _stream(causal_tiny, feats, lens, chunk, left)
-    states = causal_tiny.get_init_states(3, chunk, left)
-    la = causal_tiny.streaming_lookahead
-    padded = F.pad(feats, (0, 0, 0, 2 * chunk + la), value=7.0)
-    outs = []
-    with torch.no_grad():
-        for start in range(0, 200, 2 * chunk):
-            out, _, states = step(padded[:, start: start + 2 * chunk + la], lens - start, states)
-            outs.append(out)
-    got = torch.cat(outs, dim=1)
+        got, got_lens = _stream(causal_tiny, feats, lens, chunk, left, step=step)
+    assert torch.equal(got_lens, want_lens)
     assert _max_err(got, want, want_lens) < 1e-5 * float(want.abs().max())
