@@ -96,40 +96,6 @@ def test_real_cpu_probe_runs_every_policy():
     assert c.bf16 and c.fp16 and c.grad_scaler, c
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fp32_island_runs_in_fp32_under_cpu_autocast(dtype):
-    a = torch.randn(16, 16)
-    seen = {}
-
-    @fp32_island
-    def f(x):
-        seen["autocast"] = torch.is_autocast_enabled("cpu")
-        seen["in"] = x.dtype
-        return x @ x  # would be low precision under autocast
-
-    with torch.autocast("cpu", dtype=dtype):
-        low = a @ a
-        out = f(a.to(dtype))
-        with fp32_island():
-            inner = a @ a
-    assert low.dtype == dtype
-    assert out.dtype == torch.float32 and seen == {"autocast": False, "in": torch.float32}
-    assert inner.dtype == torch.float32
-    # the island's matmul is really fp32: compare to float64 (bf16/fp16 would be ~1e-2 off)
-    ref = (a.to(dtype).double() @ a.to(dtype).double())
-    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-4)
-
-
-def test_fp32_island_output_input_casts_back():
-    @fp32_island(output="input")
-    def norm(x):
-        assert x.dtype == torch.float32
-        return x / x.pow(2).mean().sqrt()
-
-    x = torch.randn(8, dtype=torch.bfloat16)
-    assert norm(x).dtype == torch.bfloat16
-
-
 def test_parameter_and_activation_dtypes_per_policy():
     x = torch.randn(2, 4)
     for name, param_dt, act_dt in [
