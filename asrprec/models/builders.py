@@ -6,11 +6,13 @@ import dataclasses
 import json
 from typing import Any
 
-import torch
 from torch import nn
+
+from asrprec.config import strict_from_dict
 
 from .decoder import Decoder
 from .joiner import Joiner
+from .schedule import set_batch_count  # noqa: F401  (the training loop imports it from here)
 from .transducer import LossConfig, Transducer
 
 ENCODERS = ("conformer", "zipformer")
@@ -60,15 +62,8 @@ def build_transducer(
     decoder = Decoder(vocab_size, decoder_dim or d_dim, blank_id=blank_id, context_size=context_size)
     joiner = Joiner(enc.output_dim, decoder.output_dim, joiner_dim or j_dim, vocab_size)
     if isinstance(loss, dict):
-        loss = LossConfig(**loss)
+        loss = strict_from_dict(LossConfig, loss)
     return Transducer(enc, decoder, joiner, loss=loss, model_warmup_batches=model_warmup_batches)
-
-
-def set_batch_count(model: nn.Module, batch_count: float) -> None:
-    """Tell every module that schedules on training progress (``batch_count`` attribute) where we are."""
-    for m in model.modules():
-        if hasattr(m, "batch_count"):
-            m.batch_count = batch_count
 
 
 def resolved_encoder_overrides(model: nn.Module) -> dict[str, Any]:

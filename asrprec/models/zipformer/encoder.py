@@ -4,7 +4,7 @@ Structure follows k2-fsa/icefall ``egs/librispeech/ASR/zipformer/zipformer.py`` 
 ``zipformer/model.py`` (forward_encoder); the code is ours.
 
 Scheduled behaviour (layer skipping, feature masking rates, dropout, balancer probabilities) follows a batch
-count that the training loop writes with ``encoder.set_batch_count(n)``. icefall feeds the *adjusted* count
+count that the training loop writes with :func:`asrprec.models.set_batch_count`. icefall feeds the *adjusted* count
 ``batch_idx * max_duration * world_size / 600`` (train.py ``get_adjusted_batch_count``) every 10 batches; until
 it is set, all schedules return their defaults (layer skipping off).
 """
@@ -17,14 +17,19 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from ..masks import make_pad_mask
+from ..schedule import ScheduledFloat
 from .frontend import Conv2dSubsampling
 from .layers import DownsampledZipformer2Encoder, SimpleDownsample, Zipformer2Encoder, Zipformer2EncoderLayer
-from .scaling import ScheduledFloat, convert_num_channels, set_batch_count
 
 
-def make_pad_mask(lens: Tensor, max_len: int) -> Tensor:
-    """(B,) lengths -> (B, max_len) bool, True at padded positions."""
-    return torch.arange(max_len, device=lens.device).unsqueeze(0) >= lens.unsqueeze(1)
+def convert_num_channels(x: Tensor, num_channels: int) -> Tensor:
+    """Truncate or zero-pad the last dim of x to ``num_channels``."""
+    c = x.shape[-1]
+    if num_channels <= c:
+        return x[..., :num_channels]
+    pad = torch.zeros(*x.shape[:-1], num_channels - c, dtype=x.dtype, device=x.device)
+    return torch.cat((x, pad), dim=-1)
 
 
 def zipformer_dropout(rate: Optional[float] = None) -> Union[float, ScheduledFloat]:
@@ -188,7 +193,7 @@ class ZipformerEncoder(nn.Module):
       -> (encoder_out (B,T',D) in the activations' dtype, encoder_out_lens (B,) int64).
     ``chunk_size``/``left_context_frames`` (50 Hz frames) fix the chunked causal mode (causal encoders only);
     by default training draws them from the configured lists. Extra keyword arguments (e.g. ``warmup``) are
-    ignored. Call ``set_batch_count(n)`` from the training loop to drive the schedules.
+    ignored. The training loop drives the schedules with :func:`asrprec.models.set_batch_count`.
     """
 
     def __init__(self, encoder_embed: Conv2dSubsampling, encoder: Zipformer2, num_features: int):
@@ -197,10 +202,6 @@ class ZipformerEncoder(nn.Module):
         self.encoder = encoder
         self.num_features = num_features
         self.output_dim = max(encoder.encoder_dim)
-
-    def set_batch_count(self, batch_count: float) -> None:
-        """Set the batch count that every ScheduledFloat in this encoder follows."""
-        set_batch_count(self, batch_count)
 
     def forward(self, features: Tensor, feature_lens: Tensor, chunk_size: Optional[int] = None,
                 left_context_frames: Optional[int] = None, **ignored) -> Tuple[Tensor, Tensor]:
