@@ -25,9 +25,9 @@ JOINT_MODES = ("full", "lean")
 class LossConfig:
     """How :meth:`Transducer.forward` computes the loss.
 
-    loss: ``"full"`` (exact RNN-T over the whole lattice) or ``"pruned"`` (k2-style pruned RNN-T:
-        a smoothed "simple" loss on linear projections chooses a band of ``prune_range`` tokens per frame,
-        and the real joiner runs only there).
+    loss: ``"pruned"`` (the default, as in icefall's Zipformer recipes: k2-style pruned RNN-T, a smoothed
+        "simple" loss on linear projections chooses a band of ``prune_range`` tokens per frame, and the real
+        joiner runs only there) or ``"full"`` (exact RNN-T over the whole lattice).
     joint_mode: ``"full"`` materialises (B, T', U+1, V) logits; ``"lean"`` computes the exact same loss
         and gradients tile by tile, holding only per-lattice-cell state (``asrprec.losses.rnnt_loss_lean``).
     backend: the ``rnnt_loss`` backend for ``loss="full", joint_mode="full"`` (``"auto"`` picks the fastest).
@@ -35,7 +35,7 @@ class LossConfig:
     1.0 → ``simple_loss_scale`` and p 0.1 → 1.0 over the first ``loss_warmup_batches`` batches.
     """
 
-    loss: str = "full"
+    loss: str = "pruned"
     joint_mode: str = "full"
     backend: str = "auto"
     prune_range: int = 5
