@@ -1,6 +1,9 @@
 """Precision policies: names, errors, mocked hardware, fp32 islands, dtypes, scalers, master weights."""
 
+import copy
+import dataclasses
 import logging
+import pickle
 
 import pytest
 import torch
@@ -228,3 +231,17 @@ def test_probe_works_where_autograd_is_off(ctx):
         policy = get_policy("amp-fp16", "cpu")
     assert caps.grad_scaler, caps.grad_scaler_why
     assert policy.name == "amp-fp16"
+
+
+def test_policy_is_immutable_through_and_through():
+    p = get_policy("amp-fp16", "cpu", init_scale=2.0**10)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.name = "fp32"
+    with pytest.raises(TypeError):
+        p.scaler_kwargs["init_scale"] = 1.0  # the mapping is read-only too
+    assert dict(p.scaler_kwargs) == {"init_scale": 2.0**10}
+    assert p.make_scaler().get_scale() == 2.0**10 and p.make_scaler(init_scale=8.0).get_scale() == 8.0
+    for q in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p), dataclasses.replace(p)):
+        assert q == p and dict(q.scaler_kwargs) == {"init_scale": 2.0**10}
+        with pytest.raises(TypeError):
+            q.scaler_kwargs["init_scale"] = 1.0
