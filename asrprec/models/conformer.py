@@ -310,13 +310,10 @@ RENAMED_FIELDS = {"d_model": "encoder_dim", "num_layers": "num_encoder_layers", 
 #: Named presets. ``librispeech`` = icefall pruned_transducer_stateless2 train.py defaults
 #: (dim 512, 12 layers, 8 heads, feed-forward 2048, conv kernel 31, dropout 0.1, layer_dropout 0.075).
 CONFORMER_PRESETS: dict[str, ConformerConfig] = {
-    # ~2.1 M parameters: trains on 2 CPU cores in minutes. No dropout: in 10-epoch runs of the embedded recipe it
-    # changed neither the valid loss (0.133 vs 0.123/frame) nor the WER (test 7.8 vs 7.3 %, dev 11.9 vs 11.4 %,
-    # within noise), while CPU dropout (bernoulli_) cost ~22 % of a step (0.31 vs 0.39-0.43 s; measured 2026-12-01).
-    # Front-end 8/32/64 instead of 8/32/128 and feed-forward 432 (3x encoder_dim) instead of 576: together a training
-    # step is ~20 % cheaper (same-process A/B, benchmarks/train_step.py: 0.84-0.86 for the feed-forward, ~0.91 on
-    # recipe batches for the front-end), and the recipe's WER did not move (front-end 64: test 7.44-7.70 % greedy,
-    # dev 8.4-11.1 %; plus ff 432: 8.22 % / 10.43 %; vs 8.56 % / 11.99 % before; measured 2026-12-01).
+    # ~2.1 M parameters: trains on 2 CPU cores in minutes. No dropout: on the embedded recipe it changed neither
+    # the valid loss nor the WER beyond noise, while CPU dropout (bernoulli_) costs about a fifth of a step.
+    # Front-end 8/32/64 instead of 8/32/128 and feed-forward 432 (3x encoder_dim) instead of 576: a training step
+    # about 20 % cheaper (benchmarks/train_step.py) at the same recipe WER.
     "tiny": ConformerConfig(encoder_dim=144, num_encoder_layers=4, num_heads=4, feedforward_dim=432,
                             cnn_module_kernel=15, dropout=0.0, layer_dropout=0.0, frontend_channels=(8, 32, 64)),
     # ~14 M parameters: a single-GPU model for 100 h scale data.

@@ -4,7 +4,7 @@ Follows the ideas of Dan Povey's k2-fsa/icefall
 ``egs/librispeech/ASR/pruned_transducer_stateless2/scaling.py`` (our own code; facts and formulas from
 there), with one deliberate change: everything here is *device- and dtype-agnostic*. icefall decorates
 its custom functions with CUDA-only autocast helpers, so they break under CPU autocast and under a
-whole-model bf16 cast (REFERENCE.md, reference/icefall.md §1.5). Here
+whole-model bf16 cast (``torch.cuda.amp.custom_fwd`` covers CUDA autocast only). Here
 
 * statistics (BasicNorm's mean square, ActivationBalancer's per-channel statistics, DoubleSwish's
   derivative) are computed in float32 with autocast disabled on CPU *and* CUDA;
@@ -142,8 +142,8 @@ class ScaledConv2d(_ScaledMixin, nn.Conv2d):
 
     Accepts ``nn.Conv2d``'s arguments plus keywords ``initial_scale`` and ``channels_last``.
     With ``channels_last=True`` the effective weight is laid out channels-last, so the output is too
-    (the same values; only the memory layout differs). On CPU (oneDNN) this made the Conformer's Conv2d
-    front-end's forward+backward ~12 % faster (80 -> 70 ms for 18 x 1.7 s, 2 threads; measured 2026-12-01).
+    (the same values; only the memory layout differs): on CPU, oneDNN runs the Conformer's Conv2d front-end's
+    forward+backward about 12 % faster so.
     The stored parameter keeps the default layout, so checkpoints do not depend on the flag.
     Shapes: input (B, C_in, H, W) -> output (B, C_out, H_out, W_out).
     """

@@ -13,7 +13,7 @@ from asrprec.models.zipformer.activations import ActivationDropoutAndLinear, sof
 from asrprec.models.zipformer.layers import Zipformer2EncoderLayer
 from asrprec.models.zipformer.norm import BiasNorm
 
-# k2-fsa/icefall egs/librispeech/ASR/RESULTS.md and REFERENCE.md §2 (front-end / Zipformer2 / head / total)
+# k2-fsa/icefall egs/librispeech/ASR/RESULTS.md (front-end / Zipformer2 / head / total)
 PUBLISHED = {
     "small": (611_953, 21_377_826, 1_295_836, 23_285_615),
     "medium": (611_953, 63_382_150, 1_554_908, 65_549_011),
