@@ -7,11 +7,11 @@ its custom functions with CUDA-only autocast helpers, so they break under CPU au
 whole-model bf16 cast (``torch.cuda.amp.custom_fwd`` covers CUDA autocast only). Here
 
 * statistics (BasicNorm's mean square, ActivationBalancer's per-channel statistics, DoubleSwish's
-  derivative) are computed in float32 with autocast disabled on CPU *and* CUDA;
+  derivative) are computed in fp32 islands (:mod:`asrprec.precision.islands`: autocast off on CPU *and* CUDA);
 * every result, forward or backward, is returned in the dtype that came in (a bf16 tensor stays bf16,
   a float64 tensor stays float64 so ``gradcheck`` works).
 
-Public names (stable; the Zipformer imports some of them):
+Public names (stable):
 
 ``ScaledLinear``, ``ScaledConv1d``, ``ScaledConv2d``  layers whose every parameter tensor has a trainable
     scalar log-scale: effective weight = ``weight * exp(weight_scale)``, bias likewise.
