@@ -1,6 +1,6 @@
 """The one place where optional dependencies are probed and imported.
 
-Every optional package (torchaudio, k2, numba-cuda, espeakng-loader) is imported lazily through
+Every optional package (torchaudio, k2, numba-cuda, espeakng-loader, scipy) is imported lazily through
 :func:`require`, so importing :mod:`asrprec` never needs them, and a missing one raises an
 ImportError that names the pip extra to install.
 """
@@ -20,6 +20,7 @@ _HINTS: dict[str, tuple[str, str]] = {
     ),
     "numba.cuda": ("pip install 'asrprec[cuda]'", "the numba-cuda RNN-T loss kernels"),
     "espeakng_loader": ("pip install 'asrprec[synth]'", "the synthetic espeak-ng speech corpus"),
+    "scipy.signal": ("pip install 'asrprec[synth]'", "resampling espeak-ng's 22,050 Hz audio to 16 kHz"),
     "numba": ("pip install numba", "the numba CPU RNN-T loss"),
 }
 

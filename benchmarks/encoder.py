@@ -40,6 +40,7 @@ from typing import Dict, List, Tuple  # noqa: E402
 
 import torch  # noqa: E402
 
+from asrprec.models import set_batch_count  # noqa: E402
 from asrprec.models.zipformer import build_zipformer_encoder  # noqa: E402
 
 POLICIES = ("fp32", "amp-fp16", "amp-bf16", "bf16")
@@ -79,7 +80,7 @@ def bench(size: str, policy: str, batch: int, frames: int, runs: int,
     torch.manual_seed(0)
     random.seed(0)  # Balancer/Whiten/skip decisions use Python's random
     model = build_zipformer_encoder(size=size).to(device).train()
-    model.set_batch_count(20000)
+    set_batch_count(model, 20000)
     x = torch.randn(batch, frames, 80, device=device)
     lens = torch.full((batch,), frames, device=device, dtype=torch.int64)
     if policy == "bf16":
@@ -122,7 +123,7 @@ def project(size: str, policy: str, batch: int, frames: int) -> Tuple[int, int]:
         torch.manual_seed(0)
         random.seed(0)
         model = build_zipformer_encoder(size=size).train()
-        model.set_batch_count(20000)
+        set_batch_count(model, 20000)
         mode = FakeTensorMode()
         dtype = torch.bfloat16 if policy == "bf16" else torch.float32
         fake_module_(model, mode, device, dtype if policy == "bf16" else None)

@@ -64,7 +64,7 @@ class _ReferenceDoubleSwish(torch.autograd.Function):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("variants", nargs="+", help="encoder[:JSON overrides], e.g. 'conformer:{\"num_layers\": 2}'")
+    p.add_argument("variants", nargs="+", help="encoder[:JSON overrides], e.g. 'conformer:{\"num_encoder_layers\": 2}'")
     p.add_argument("--size", default="tiny")
     p.add_argument("--batches", type=int, default=30, help="timed batches per variant (after 3 warm-up)")
     p.add_argument("--threads", type=int, default=2)

@@ -32,7 +32,7 @@ def test_optional_packages_not_imported_eagerly():
     code = (
         "import sys, asrprec, asrprec.precision, asrprec.models, asrprec.losses, asrprec.training, "
         "asrprec.decoding, asrprec.data, asrprec.tokenizer, asrprec.checkpoint, asrprec.metrics\n"
-        "bad = [m for m in ('torchaudio', 'k2', 'numba.cuda', 'espeakng_loader') if m in sys.modules]\n"
+        "bad = [m for m in ('torchaudio', 'k2', 'numba.cuda', 'espeakng_loader', 'scipy') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -48,12 +48,13 @@ def test_missing_optional_package_names_the_extra(monkeypatch):
     real = importlib.import_module
 
     def fake(name, *a, **k):
-        if name.split(".")[0] in ("torchaudio", "espeakng_loader", "k2"):
+        if name.split(".")[0] in ("torchaudio", "espeakng_loader", "k2", "scipy"):
             raise ImportError(f"No module named {name!r}")
         return real(name, *a, **k)
 
     monkeypatch.setattr(importlib, "import_module", fake)
-    for mod, extra in [("torchaudio", "asrprec[torchaudio]"), ("espeakng_loader", "asrprec[synth]"), ("k2", "k2")]:
+    for mod, extra in [("torchaudio", "asrprec[torchaudio]"), ("espeakng_loader", "asrprec[synth]"), ("k2", "k2"),
+                       ("scipy.signal", "asrprec[synth]")]:
         try:
             _optional.require(mod)
         except ImportError as e:
@@ -61,3 +62,126 @@ def test_missing_optional_package_names_the_extra(monkeypatch):
         else:
             raise AssertionError(f"{mod} should be reported missing")
     assert builtins  # keep the import used
+
+
+def _module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
+    names = {}
+    for path in (root / package).rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+def _top_level_imports(tree: ast.Module):
+    """Import statements run when the module is imported: not inside functions (lazy imports are allowed), not
+    under ``if TYPE_CHECKING:``."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph(root: pathlib.Path = ROOT, package: str = "asrprec") -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` its import runs. Importing ``a.b.c`` runs ``a``, ``a.b`` and ``a.b.c``; a
+    module's own parent packages are already being imported, so they count only when a name is read from them
+    (``from . import name``)."""
+    modules = _module_names(root, package)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        package = name if is_pkg else name.rpartition(".")[0]
+        own_parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        edges: set[str] = set()
+
+        def run(target: str) -> None:
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                mod = ".".join(parts[:i])
+                if mod in modules and mod not in own_parents and mod != name:
+                    edges.add(mod)
+
+        for node in _top_level_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    run(alias.name)
+                continue
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+            source = ".".join(base + ([node.module] if node.module else []))
+            run(source)
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:
+                    run(f"{source}.{alias.name}")
+                elif source in modules and source != name:
+                    edges.add(source)  # reads a name from the package, e.g. its __init__
+        graph[name] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected sets of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                scc.add(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                out.append(scc)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_import_cycle_finder(tmp_path):
+    """A package whose module reads a name back from the package's __init__ is a cycle; lazy imports inside
+    functions, imports for type checking only, and a submodule importing its siblings are not."""
+    files = {
+        "p/__init__.py": "from .a import f\nfrom .b import g\n",
+        "p/a.py": "from . import g\n\ndef f():\n    return g\n",  # reads g from the half-imported package
+        "p/b.py": "from typing import TYPE_CHECKING\nfrom .c import h\nif TYPE_CHECKING:\n    from . import f\n\n"
+                  "def g():\n    from . import f\n    return f, h\n",
+        "p/c.py": "import p.d\n\ndef h():\n    pass\n",
+        "p/d.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path, "p")
+    assert graph == {"p": {"p.a", "p.b"}, "p.a": {"p"}, "p.b": {"p.c"}, "p.c": {"p.d"}, "p.d": set()}
+    assert import_cycles(graph) == [{"p", "p.a"}]
+    assert import_cycles({"p": {"p.a"}, "p.a": {"p.b"}, "p.b": {"p"}, "q": {"p"}}) == [{"p", "p.a", "p.b"}]
+
+
+def test_no_import_cycles():
+    """Top-level imports among asrprec modules form no cycle (a lazy import inside a function is allowed)."""
+    cycles = import_cycles(import_graph())
+    assert not cycles, f"import cycles among asrprec modules (move the shared part into its own module): {cycles}"

@@ -9,12 +9,16 @@ from torch import nn
 
 from asrprec.metrics import RtfxMeter
 
+from .api import DecodingOptions, decode
+from .streaming import streaming_decode
+
 FRAME_SHIFT_S = 0.01  # 100 Hz fbank
 
 
 @torch.inference_mode()
 def decode_dataset(
-    model: nn.Module, loader: Iterable[dict], tokenizer, options, device: torch.device | str = "cpu",
+    model: nn.Module, loader: Iterable[dict], tokenizer, options: DecodingOptions | None,
+    device: torch.device | str = "cpu",
     streaming: tuple[int, int] | None = None,
 ) -> tuple[list[tuple[str, list[str], list[str]]], dict[str, float]]:
     """Decode every batch of ``loader`` (dicts with ``features``, ``feature_lens``, ``texts``, ``cut_ids``).
@@ -27,8 +31,6 @@ def decode_dataset(
         stats: ``audio_seconds``, ``wall_seconds`` and ``rtfx`` (audio seconds per wall second, including
         the encoder and the search, excluding data loading).
     """
-    from . import decode, streaming_decode  # the package's entry points (avoid a circular import at load)
-
     meter = RtfxMeter()
     results = []
     for batch in loader:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._common import check_inputs, decoder_step, joint_logits, model_device
+from .api import DecodingOptions
 from .beam_search import beam_search_step
 from .hypothesis import Hypothesis, HypothesisList
 
@@ -161,13 +162,14 @@ def streaming_decode(
     model: nn.Module,
     features: torch.Tensor,
     feature_lens: torch.Tensor,
-    options,
+    options: DecodingOptions | None,
     chunk_size: int,
     left_context_frames: int,
 ) -> list[list[int]]:
     """Decode a batch as live streams: :func:`streaming_encode`, with the search named in ``options``
-    (:class:`StreamingGreedySearch` or :class:`StreamingModifiedBeamSearch`) advancing after every chunk.
-    Returns B token-id lists in the input order."""
+    (:class:`StreamingGreedySearch` or :class:`StreamingModifiedBeamSearch`; default greedy search) advancing
+    after every chunk. Returns B token-id lists in the input order."""
+    options = options or DecodingOptions()
     b = features.shape[0]
     if options.method == "greedy_search":
         search = StreamingGreedySearch(model, b, options.max_sym_per_frame)

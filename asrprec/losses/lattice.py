@@ -12,7 +12,7 @@ For utterance b only the cells ``t < T_b = logit_lens[b]`` and ``u <= U_b = targ
 * ``label_logp[b, t, u]`` = log p(y_{u+1} | t, u): moves (t, u) -> (t, u+1), for u < U_b. Column U_b
   and above are unused.
 
-Recursions (REFERENCE.md §3)::
+Recursions (Graves, "Sequence Transduction with Recurrent Neural Networks", 2012)::
 
     alpha(0, 0) = 0
     alpha(t, u) = logaddexp(alpha(t-1, u) + blank(t-1, u), alpha(t, u-1) + label(t, u-1))

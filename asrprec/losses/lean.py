@@ -2,8 +2,7 @@
 
 The plain path runs the joiner on the full (B, T, U+1) grid, keeping the hidden activation
 (B·T·(U+1)·J) and the logits, their log-softmax and their gradient (B·T·(U+1)·V each) alive at the
-peak. Here the joint is evaluated one tile of cells at a time, twice (research note
-``/work/shared/reference/rnnt_losses.md`` §2):
+peak. Here the joint is evaluated one tile of cells at a time, twice:
 
 1. forward, under no_grad: for each tile, the logits z, their fp32 log-normaliser L = logsumexp_v z,
    and the blank and label logits -> per-cell log-probs lb = z_blank - L, ly = z_{y_{u+1}} - L;
@@ -33,13 +32,13 @@ from torch import nn
 
 from asrprec.losses.lattice import extend_targets, reduce_loss, rnnt_lattice_posteriors, validate_targets
 from asrprec.precision import fp32_island
+from asrprec.precision.islands import AUTOCAST_DEVICES
 
 __all__ = ["rnnt_loss_lean", "lean_tile_shape"]
 
 # Default tile budget in (cells x (J + V)) elements: 2**21 elements = 8 MB per fp32 copy. A tile holds
 # about six such copies at its peak (hidden pre/post tanh, logits, fp32 softmax, gradient, hidden grad).
 _TILE_ELEMS = 2**21
-_AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 def lean_tile_shape(B: int, T: int, U1: int, J: int, V: int, tile_elems: int = _TILE_ELEMS) -> tuple[int, int]:
@@ -52,7 +51,7 @@ def lean_tile_shape(B: int, T: int, U1: int, J: int, V: int, tile_elems: int = _
 
 def _capture_autocast() -> list[tuple[str, bool, torch.dtype]]:
     out = []
-    for dev in _AUTOCAST_DEVICES:
+    for dev in AUTOCAST_DEVICES:
         if dev == "cuda" and not torch.cuda.is_available():
             continue
         out.append((dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)))
@@ -175,7 +174,7 @@ def rnnt_loss_lean(
     target_lens: torch.Tensor,
     *,
     blank: int = 0,
-    reduction: str = "sum",
+    reduction: str = "mean",
     tile_t: int | None = None,
     tile_u: int | None = None,
     clamp: float | None = None,
@@ -193,7 +192,7 @@ def rnnt_loss_lean(
         encoder_proj_out: (B, T, J) encoder output already through ``joiner.encoder_proj``.
         decoder_proj_out: (B, U+1, J) decoder output already through ``joiner.decoder_proj``.
         targets: (B, U) int padded labels. logit_lens: (B,) int T_b. target_lens: (B,) int U_b.
-        blank: blank id. reduction: "sum" | "mean" (over the batch) | "none".
+        blank: blank id. reduction: "mean" (over the batch, the default) | "sum" | "none".
         tile_t, tile_u: frames / lattice rows per tile; default: :func:`lean_tile_shape` with a budget
             of 2**21 cells x (J+V) elements (about 8 MB per fp32 copy of the tile).
         clamp: clamp each utterance's gradient w.r.t. the logits to [-clamp, clamp] (as the reference).

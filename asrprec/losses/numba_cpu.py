@@ -20,7 +20,7 @@ is absent), the row max uses LLVM's maxnum (vectorisable without fast-math flags
 buffer is allocated with huge pages where the kernel allows (``_empty_grad``).
 
 Gradient of cost_b = -(1+λ)·ll_b … w.r.t. logit z(t,u,v), per NeMo's FastEmit convention
-(reference/nemo.md §1.4, §1.6): with γ_blank = exp(α(t,u)+lb(t,u)+β(t+1,u)-ll) (at the final
+(NVIDIA/NeMo ``nemo/collections/asr/parts/numba/rnnt_loss/utils/cpu_utils/cpu_rnnt.py``): with γ_blank = exp(α(t,u)+lb(t,u)+β(t+1,u)-ll) (at the final
 cell (T_b-1, U_b): exp(α+lb-ll)) and γ_label = exp(α(t,u)+ly(t,u)+β(t,u+1)-ll),
 
     g(v) = softmax(v)·(γ_blank + (1+λ)·γ_label) - [v = blank]·γ_blank - [v = y_{u+1}]·(1+λ)·γ_label

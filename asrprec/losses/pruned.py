@@ -23,7 +23,6 @@ Differences from k2 (deliberate):
   0 * -inf); the value differs from k2 by at most ~1e-20 relative.
 * ``get_rnnt_prune_ranges`` caps ``s_range`` at U+1 (every row), where k2 caps it at U; with
   ``s_range >= U+1`` the pruned loss is therefore exactly the full loss.
-* ``reduction`` defaults to "sum" (icefall's usage); "mean" is the mean over the batch, as in k2.
 * Inputs are computed in fp32 (fp16/bf16 are promoted inside an fp32 island; fp64 stays fp64 so the
   functions can be gradchecked).
 """
@@ -91,7 +90,7 @@ def rnnt_loss_smoothed(
     blank: int = 0,
     lm_only_scale: float = 0.25,
     am_only_scale: float = 0.0,
-    reduction: str = "sum",
+    reduction: str = "mean",
     return_grad: bool = False,
 ):
     """The "simple" RNN-T loss of an additive joiner, smoothed with LM-only and AM-only terms.
@@ -107,7 +106,8 @@ def rnnt_loss_smoothed(
         targets: (B, U) int, padded label ids (values past ``target_lens`` are ignored).
         logit_lens: (B,) int, valid frames T_b.
         target_lens: (B,) int, valid labels U_b.
-        blank: blank id. reduction: "sum" | "mean" (over the batch) | "none".
+        blank: blank id. reduction: "mean" (over the batch, the default of every asrprec loss, as in k2 and
+            torchaudio) | "sum" | "none".
         return_grad: also return the transition posteriors used to prune.
 
     Returns:
@@ -219,7 +219,7 @@ def rnnt_loss_pruned(
     target_lens: torch.Tensor,
     *,
     blank: int = 0,
-    reduction: str = "sum",
+    reduction: str = "mean",
 ) -> torch.Tensor:
     """RNN-T loss on the pruned joiner output: every cell outside the windows has probability 0.
 
@@ -228,7 +228,7 @@ def rnnt_loss_pruned(
             ``do_rnnt_pruning`` outputs.
         targets: (B, U) int padded labels. ranges: (B, T, S) int64 rows kept per frame.
         logit_lens: (B,) int T_b. target_lens: (B,) int U_b.
-        blank: blank id. reduction: "sum" | "mean" (over the batch) | "none".
+        blank: blank id. reduction: "mean" (over the batch, the default) | "sum" | "none".
 
     Returns:
         scalar loss, or (B,) with reduction="none"; fp32 (fp64 for fp64 logits). Equals the full RNN-T

@@ -2,13 +2,15 @@
 
 from .builders import (
     ENCODERS, build_encoder, build_transducer, configure_streaming, count_parameters, resolved_encoder_overrides,
-    set_batch_count,
 )
 from .decoder import Decoder
 from .joiner import Joiner
+from .masks import make_pad_mask
+from .schedule import ScheduledFloat, set_batch_count, warmup_fraction
 from .transducer import LossConfig, Transducer, pruned_loss_scales
 
 __all__ = [
-    "ENCODERS", "Decoder", "Joiner", "LossConfig", "Transducer", "build_encoder", "build_transducer",
-    "configure_streaming", "count_parameters", "pruned_loss_scales", "resolved_encoder_overrides", "set_batch_count",
+    "ENCODERS", "Decoder", "Joiner", "LossConfig", "ScheduledFloat", "Transducer", "build_encoder",
+    "build_transducer", "configure_streaming", "count_parameters", "make_pad_mask", "pruned_loss_scales",
+    "resolved_encoder_overrides", "set_batch_count", "warmup_fraction",
 ]

@@ -32,27 +32,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asrprec.config import check_config_keys
+from asrprec.models.masks import make_pad_mask
 from asrprec.models.scaling import ActivationBalancer, BasicNorm, DoubleSwish, ScaledConv1d, ScaledLinear
 from asrprec.models.subsampling import MIN_INPUT_FRAMES, Conv2dSubsampling
-from asrprec.precision.islands import fp32_island
+from asrprec.precision.islands import autocast_dtype, fp32_island
 
 __all__ = [
     "ConformerConfig",
     "CONFORMER_PRESETS",
+    "RENAMED_FIELDS",
     "build_conformer_encoder",
     "ConformerEncoder",
     "ConformerLayer",
     "RelPositionalEncoding",
     "RelPositionMultiheadAttention",
     "ConvolutionModule",
-    "make_pad_mask",
     "rel_positional_encoding",
 ]
-
-
-def make_pad_mask(lens: Tensor, max_len: int) -> Tensor:
-    """(B,) int lengths -> (B, max_len) bool mask, True at padded positions (t >= lens[b])."""
-    return torch.arange(max_len, device=lens.device)[None, :] >= lens[:, None]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -264,14 +261,19 @@ class ConformerLayer(nn.Module):
 
 @dataclass(frozen=True)
 class ConformerConfig:
-    """Hyper-parameters of :class:`ConformerEncoder` (one instance per preset)."""
+    """Hyper-parameters of :class:`ConformerEncoder` (one instance per preset), named as the Zipformer's and
+    icefall's (``--encoder-dim``, ``--num-encoder-layers``, ``--feedforward-dim``, ``--cnn-module-kernel``).
+
+    The earlier names (``d_model``, ``num_layers``, ``ff_dim``, ``cnn_kernel``) still load through
+    :func:`build_conformer_encoder` (and so from a ``model.json``), with a DeprecationWarning.
+    """
 
     num_features: int = 80
-    d_model: int = 144
-    num_layers: int = 4
+    encoder_dim: int = 144
+    num_encoder_layers: int = 4
     num_heads: int = 4
-    ff_dim: int = 576
-    cnn_kernel: int = 15
+    feedforward_dim: int = 576
+    cnn_module_kernel: int = 15
     dropout: float = 0.1
     layer_dropout: float = 0.075
     #: Conv2dSubsampling channel widths (icefall: 8, 32, 128)
@@ -282,34 +284,43 @@ class ConformerConfig:
             raise ValueError(f"ConformerConfig.frontend_channels must be three positive widths, got "
                              f"{self.frontend_channels}")
         object.__setattr__(self, "frontend_channels", tuple(int(c) for c in self.frontend_channels))
-        for name in ("num_features", "d_model", "num_layers", "num_heads", "ff_dim", "cnn_kernel"):
+        for name in ("num_features", "encoder_dim", "num_encoder_layers", "num_heads", "feedforward_dim",
+                     "cnn_module_kernel"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ConformerConfig.{name} must be > 0, got {getattr(self, name)}")
-        if self.d_model % self.num_heads != 0:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
-        if self.d_model % 2 != 0:
-            raise ValueError(f"d_model must be even, got {self.d_model}")
-        if self.cnn_kernel % 2 != 1:
-            raise ValueError(f"cnn_kernel must be odd, got {self.cnn_kernel}")
+        if self.encoder_dim % self.num_heads != 0:
+            raise ValueError(f"encoder_dim ({self.encoder_dim}) must be divisible by num_heads ({self.num_heads})")
+        if self.encoder_dim % 2 != 0:
+            raise ValueError(f"encoder_dim must be even, got {self.encoder_dim}")
+        if self.cnn_module_kernel % 2 != 1:
+            raise ValueError(f"cnn_module_kernel must be odd, got {self.cnn_module_kernel}")
         if not (0.0 <= self.dropout < 1.0 and 0.0 <= self.layer_dropout < 1.0):
             raise ValueError(f"dropout and layer_dropout must be in [0, 1), got {self.dropout}, {self.layer_dropout}")
 
+    @property
+    def output_dim(self) -> int:
+        return self.encoder_dim
+
+
+#: ConformerConfig fields renamed to icefall's names (old -> new); the old names load with a DeprecationWarning.
+RENAMED_FIELDS = {"d_model": "encoder_dim", "num_layers": "num_encoder_layers", "ff_dim": "feedforward_dim",
+                  "cnn_kernel": "cnn_module_kernel"}
+
 
 #: Named presets. ``librispeech`` = icefall pruned_transducer_stateless2 train.py defaults
-#: (d_model 512, 12 layers, 8 heads, feed-forward 2048, conv kernel 31, dropout 0.1, layer_dropout 0.075).
+#: (dim 512, 12 layers, 8 heads, feed-forward 2048, conv kernel 31, dropout 0.1, layer_dropout 0.075).
 CONFORMER_PRESETS: dict[str, ConformerConfig] = {
-    # ~2.1 M parameters: trains on 2 CPU cores in minutes. No dropout: in 10-epoch runs of the embedded recipe it
-    # changed neither the valid loss (0.133 vs 0.123/frame) nor the WER (test 7.8 vs 7.3 %, dev 11.9 vs 11.4 %,
-    # within noise), while CPU dropout (bernoulli_) cost ~22 % of a step (0.31 vs 0.39-0.43 s; measured 2026-12-01).
-    # Front-end 8/32/64 instead of 8/32/128 and feed-forward 432 (3x d_model) instead of 576: together a training
-    # step is ~20 % cheaper (same-process A/B, benchmarks/train_step.py: 0.84-0.86 for the feed-forward, ~0.91 on
-    # recipe batches for the front-end), and the recipe's WER did not move (front-end 64: test 7.44-7.70 % greedy,
-    # dev 8.4-11.1 %; plus ff 432: 8.22 % / 10.43 %; vs 8.56 % / 11.99 % before; measured 2026-12-01).
-    "tiny": ConformerConfig(d_model=144, num_layers=4, num_heads=4, ff_dim=432, cnn_kernel=15, dropout=0.0,
-                            layer_dropout=0.0, frontend_channels=(8, 32, 64)),
+    # ~2.1 M parameters: trains on 2 CPU cores in minutes. No dropout: on the embedded recipe it changed neither
+    # the valid loss nor the WER beyond noise, while CPU dropout (bernoulli_) costs about a fifth of a step.
+    # Front-end 8/32/64 instead of 8/32/128 and feed-forward 432 (3x encoder_dim) instead of 576: a training step
+    # about 20 % cheaper (benchmarks/train_step.py) at the same recipe WER.
+    "tiny": ConformerConfig(encoder_dim=144, num_encoder_layers=4, num_heads=4, feedforward_dim=432,
+                            cnn_module_kernel=15, dropout=0.0, layer_dropout=0.0, frontend_channels=(8, 32, 64)),
     # ~14 M parameters: a single-GPU model for 100 h scale data.
-    "small": ConformerConfig(d_model=256, num_layers=8, num_heads=4, ff_dim=1024, cnn_kernel=31),
-    "librispeech": ConformerConfig(d_model=512, num_layers=12, num_heads=8, ff_dim=2048, cnn_kernel=31),
+    "small": ConformerConfig(encoder_dim=256, num_encoder_layers=8, num_heads=4, feedforward_dim=1024,
+                             cnn_module_kernel=31),
+    "librispeech": ConformerConfig(encoder_dim=512, num_encoder_layers=12, num_heads=8, feedforward_dim=2048,
+                                   cnn_module_kernel=31),
 }
 
 
@@ -327,13 +338,13 @@ class ConformerEncoder(nn.Module):
     def __init__(self, config: ConformerConfig) -> None:
         super().__init__()
         self.config = config
-        self.output_dim = config.d_model
-        self.encoder_embed = Conv2dSubsampling(config.num_features, config.d_model, *config.frontend_channels)
-        self.encoder_pos = RelPositionalEncoding(config.d_model, config.dropout)
+        self.output_dim = config.encoder_dim
+        self.encoder_embed = Conv2dSubsampling(config.num_features, config.encoder_dim, *config.frontend_channels)
+        self.encoder_pos = RelPositionalEncoding(config.encoder_dim, config.dropout)
         self.layers = nn.ModuleList(
-            ConformerLayer(config.d_model, config.num_heads, config.ff_dim, config.cnn_kernel, config.dropout,
-                           config.layer_dropout)
-            for _ in range(config.num_layers)
+            ConformerLayer(config.encoder_dim, config.num_heads, config.feedforward_dim, config.cnn_module_kernel,
+                           config.dropout, config.layer_dropout)
+            for _ in range(config.num_encoder_layers)
         )
 
     def forward(self, features: Tensor, feature_lens: Tensor, warmup: float = 1.0) -> tuple[Tensor, Tensor]:
@@ -365,7 +376,7 @@ class ConformerEncoder(nn.Module):
                 f"feature_lens must lie in [{MIN_INPUT_FRAMES}, T={T}] (the front-end needs >= {MIN_INPUT_FRAMES} "
                 f"frames per utterance), got min {lo}, max {hi}; drop or pad too-short utterances"
             )
-        if not torch.is_autocast_enabled(features.device.type):
+        if autocast_dtype(features) is None:
             param_dtype = self.encoder_embed.out.weight.dtype
             if features.dtype != param_dtype:
                 features = features.to(param_dtype)
@@ -384,14 +395,12 @@ def build_conformer_encoder(*, size: str = "tiny", num_features: int = 80, **ove
     Args:
         size: one of ``CONFORMER_PRESETS`` ("tiny", "small", "librispeech").
         num_features: input feature dim F.
-        **overrides: any :class:`ConformerConfig` field (d_model, num_layers, num_heads, ff_dim,
-            cnn_kernel, dropout, layer_dropout). Unknown keys raise ValueError.
+        **overrides: any :class:`ConformerConfig` field (encoder_dim, num_encoder_layers, num_heads,
+            feedforward_dim, cnn_module_kernel, dropout, layer_dropout, frontend_channels). The earlier names
+            (:data:`RENAMED_FIELDS`) give a DeprecationWarning. Unknown keys raise ValueError.
     """
     if size not in CONFORMER_PRESETS:
         raise ValueError(f"unknown conformer size {size!r}; choose one of {sorted(CONFORMER_PRESETS)}")
-    fields = {f.name for f in dataclasses.fields(ConformerConfig)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ValueError(f"unknown ConformerConfig keys {unknown}; valid keys: {sorted(fields - {'num_features'})}")
+    overrides = check_config_keys(ConformerConfig, overrides, renamed=RENAMED_FIELDS, exclude={"num_features"})
     config = dataclasses.replace(CONFORMER_PRESETS[size], num_features=num_features, **overrides)
     return ConformerEncoder(config)

@@ -4,14 +4,14 @@ Follows the ideas of Dan Povey's k2-fsa/icefall
 ``egs/librispeech/ASR/pruned_transducer_stateless2/scaling.py`` (our own code; facts and formulas from
 there), with one deliberate change: everything here is *device- and dtype-agnostic*. icefall decorates
 its custom functions with CUDA-only autocast helpers, so they break under CPU autocast and under a
-whole-model bf16 cast (REFERENCE.md, reference/icefall.md §1.5). Here
+whole-model bf16 cast (``torch.cuda.amp.custom_fwd`` covers CUDA autocast only). Here
 
 * statistics (BasicNorm's mean square, ActivationBalancer's per-channel statistics, DoubleSwish's
-  derivative) are computed in float32 with autocast disabled on CPU *and* CUDA;
+  derivative) are computed in fp32 islands (:mod:`asrprec.precision.islands`: autocast off on CPU *and* CUDA);
 * every result, forward or backward, is returned in the dtype that came in (a bf16 tensor stays bf16,
   a float64 tensor stays float64 so ``gradcheck`` works).
 
-Public names (stable; the Zipformer imports some of them):
+Public names (stable):
 
 ``ScaledLinear``, ``ScaledConv1d``, ``ScaledConv2d``  layers whose every parameter tensor has a trainable
     scalar log-scale: effective weight = ``weight * exp(weight_scale)``, bias likewise.
@@ -19,12 +19,9 @@ Public names (stable; the Zipformer imports some of them):
 ``ActivationBalancer``  identity forward; backward nudges per-channel sign proportion and mean |x|.
 ``DoubleSwish``         x * sigmoid(x - 1), memory-lean (saves only its derivative, computed in forward).
 ``double_swish``        the functional form.
-``warmup_fraction``     the model warm-up convention (see below).
 
-Model warm-up convention (instead of icefall's later ``ScheduledFloat``): the training loop passes a
-float ``warmup`` to the encoder's forward, ``warmup = warmup_fraction(batch_idx, warmup_batches)``,
-which rises linearly 0 -> 1 over the first ``warmup_batches`` (~3000) batches and stays at 1. Modules
-treat ``warmup >= 1`` and eval mode as "fully warmed up".
+The model warm-up value these layers are driven with (instead of icefall's later ``ScheduledFloat``) is
+:func:`asrprec.models.schedule.warmup_fraction`.
 """
 
 from __future__ import annotations
@@ -35,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asrprec.precision.islands import fp32_island
+from asrprec.precision.islands import fp32_island, upcast
 
 __all__ = [
     "ScaledLinear",
@@ -45,25 +42,7 @@ __all__ = [
     "ActivationBalancer",
     "DoubleSwish",
     "double_swish",
-    "warmup_fraction",
 ]
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float16/bfloat16 -> float32; float32/float64 unchanged (so float64 gradchecks stay exact)."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def warmup_fraction(batch_idx: int, warmup_batches: int) -> float:
-    """Model warm-up value for the encoder: ``min(1, batch_idx / warmup_batches)``.
-
-    ``warmup_batches <= 0`` means no warm-up (always 1.0).
-    """
-    if batch_idx < 0:
-        raise ValueError(f"batch_idx must be >= 0, got {batch_idx}")
-    if warmup_batches <= 0:
-        return 1.0
-    return min(1.0, batch_idx / warmup_batches)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -100,7 +79,7 @@ def _init_scaled(module: nn.Module, initial_scale: float) -> None:
 def _scaled(param: Tensor, log_scale: Tensor) -> Tensor:
     # exp() of the scalar in at least fp32 (a bf16 exp would round the scale to ~3 digits), then back
     # to the parameter's dtype so that a whole-model bf16 cast keeps bf16 weights.
-    return param * log_scale.to(_compute_dtype(log_scale.dtype)).exp().to(param.dtype)
+    return param * upcast(log_scale).exp().to(param.dtype)
 
 
 class _ScaledMixin:
@@ -163,8 +142,8 @@ class ScaledConv2d(_ScaledMixin, nn.Conv2d):
 
     Accepts ``nn.Conv2d``'s arguments plus keywords ``initial_scale`` and ``channels_last``.
     With ``channels_last=True`` the effective weight is laid out channels-last, so the output is too
-    (the same values; only the memory layout differs). On CPU (oneDNN) this made the Conformer's Conv2d
-    front-end's forward+backward ~12 % faster (80 -> 70 ms for 18 x 1.7 s, 2 threads; measured 2026-12-01).
+    (the same values; only the memory layout differs): on CPU, oneDNN runs the Conformer's Conv2d front-end's
+    forward+backward about 12 % faster so.
     The stored parameter keeps the default layout, so checkpoints do not depend on the flag.
     Shapes: input (B, C_in, H, W) -> output (B, C_out, H_out, W_out).
     """
@@ -251,7 +230,7 @@ class _BalancerFunction(torch.autograd.Function):
     def forward(ctx, x: Tensor, channel_dim: int, min_positive: float, max_positive: float,
                 max_factor: float, min_abs: float, max_abs: float) -> Tensor:
         with fp32_island():
-            xf = x.detach().to(_compute_dtype(x.dtype))
+            xf = upcast(x.detach())
             sum_dims = [d for d in range(x.ndim) if d != channel_dim]
             x_pos = xf > 0
             prop_pos = x_pos.to(xf.dtype).mean(dim=sum_dims, keepdim=True)
@@ -359,7 +338,7 @@ class _DoubleSwishFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
         with fp32_island():
-            xf = x.to(_compute_dtype(x.dtype))
+            xf = upcast(x)
             s = torch.sigmoid(xf - 1.0)
             y = xf * s
             if ctx.needs_input_grad[0]:

@@ -14,6 +14,8 @@ from torch import nn
 
 from .decoder import Decoder
 from .joiner import Joiner
+from .masks import make_pad_mask
+from .schedule import warmup_fraction
 
 LOSSES = ("full", "pruned")
 JOINT_MODES = ("full", "lean")
@@ -23,9 +25,9 @@ JOINT_MODES = ("full", "lean")
 class LossConfig:
     """How :meth:`Transducer.forward` computes the loss.
 
-    loss: ``"full"`` (exact RNN-T over the whole lattice) or ``"pruned"`` (k2-style pruned RNN-T:
-        a smoothed "simple" loss on linear projections chooses a band of ``prune_range`` tokens per frame,
-        and the real joiner runs only there).
+    loss: ``"pruned"`` (the default, as in icefall's Zipformer recipes: k2-style pruned RNN-T, a smoothed
+        "simple" loss on linear projections chooses a band of ``prune_range`` tokens per frame, and the real
+        joiner runs only there) or ``"full"`` (exact RNN-T over the whole lattice).
     joint_mode: ``"full"`` materialises (B, T', U+1, V) logits; ``"lean"`` computes the exact same loss
         and gradients tile by tile, holding only per-lattice-cell state (``asrprec.losses.rnnt_loss_lean``).
     backend: the ``rnnt_loss`` backend for ``loss="full", joint_mode="full"`` (``"auto"`` picks the fastest).
@@ -33,7 +35,7 @@ class LossConfig:
     1.0 → ``simple_loss_scale`` and p 0.1 → 1.0 over the first ``loss_warmup_batches`` batches.
     """
 
-    loss: str = "full"
+    loss: str = "pruned"
     joint_mode: str = "full"
     backend: str = "auto"
     prune_range: int = 5
@@ -54,7 +56,7 @@ class LossConfig:
 
 def pruned_loss_scales(batch_count: float, cfg: LossConfig) -> tuple[float, float]:
     """(simple, pruned) loss scales at ``batch_count`` (icefall's linear warm-up)."""
-    w = min(1.0, max(0.0, batch_count / max(1, cfg.loss_warmup_batches)))
+    w = warmup_fraction(batch_count, cfg.loss_warmup_batches)
     return 1.0 - w * (1.0 - cfg.simple_loss_scale), 0.1 + 0.9 * w
 
 
@@ -133,7 +135,7 @@ class Transducer(nn.Module):
     def decoder_input(self, targets: torch.Tensor, target_lens: torch.Tensor) -> torch.Tensor:
         """Blank-prefixed targets with padding replaced by blank: (B, U) → (B, U+1)."""
         B, U = targets.shape
-        pad = torch.arange(U, device=targets.device)[None, :] >= target_lens[:, None]
+        pad = make_pad_mask(target_lens, U)
         t = targets.masked_fill(pad, self.blank_id)
         sos = torch.full((B, 1), self.blank_id, dtype=t.dtype, device=t.device)
         return torch.cat([sos, t], dim=1)
@@ -155,7 +157,7 @@ class Transducer(nn.Module):
             raise ValueError(f"targets must be a padded (B, U) integer tensor, got {targets.dtype} {tuple(targets.shape)}")
         targets = targets.long()
         target_lens = target_lens.long()
-        warmup = min(1.0, self.batch_count / max(1, self.model_warmup_batches)) if self.training else 1.0
+        warmup = warmup_fraction(self.batch_count, self.model_warmup_batches) if self.training else 1.0
         encoder_out, encoder_out_lens = self.encode(features, feature_lens, warmup)
         decoder_out = self.decoder(self.decoder_input(targets, target_lens))  # (B, U+1, D_dec)
         cfg = self.loss_config

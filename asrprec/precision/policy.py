@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterable
+from types import MappingProxyType
+from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import torch
 
@@ -53,7 +54,17 @@ class PrecisionPolicy:
     autocast_enabled: bool
     grad_scaler: bool
     bf16_update: str = "master"
-    scaler_kwargs: dict = field(default_factory=dict)
+    # keyword arguments of the LossScaler, read-only like every other field
+    scaler_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scaler_kwargs", MappingProxyType(dict(self.scaler_kwargs)))
+
+    def __getstate__(self) -> dict[str, Any]:  # a mappingproxy does not pickle; its dict does
+        return {**self.__dict__, "scaler_kwargs": dict(self.scaler_kwargs)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, scaler_kwargs=MappingProxyType(dict(state["scaler_kwargs"])))
 
     # -- training ---------------------------------------------------------------------------------
     def autocast(self) -> ContextManager:

@@ -3,7 +3,8 @@
 :class:`LossScaler` wraps ``torch.amp.GradScaler`` for ``amp-fp16``; :class:`NoOpScaler` has the same
 interface and does nothing but skip non-finite steps, so the training loop never branches on precision.
 
-Health (icefall keeps the same thresholds, REFERENCE.md §2, but only says "grad_scale is too small"):
+Health (icefall keeps the same thresholds, k2-fsa/icefall ``egs/librispeech/ASR/zipformer/train.py``, but only says
+"grad_scale is too small"):
 
 * after an overflow step the scaler records *which modules* produced non-finite gradients;
 * below ``warn_floor`` it logs them, once per ``warn_every`` steps;

@@ -97,7 +97,7 @@ def test_decode_and_options(kit):
     assert decode(model, feats, feat_lens) == [kit.naive_greedy(model, enc[i, :n])[0] for i, n in enumerate(LENS)]
     opts = DecodingOptions.from_dict({"method": "modified_beam_search", "beam": 1})
     assert decode(model, feats, feat_lens, opts) == greedy_search(model, enc, enc_lens)
-    with pytest.raises(ValueError, match="unknown decoding option"):
+    with pytest.raises(ValueError, match=r"unknown DecodingOptions keys \['beam_size'\] \(did you mean 'beam'"):
         DecodingOptions.from_dict({"beam_size": 4})
     with pytest.raises(ValueError, match="unknown decoding method"):
         DecodingOptions(method="beam_search")

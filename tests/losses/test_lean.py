@@ -109,7 +109,8 @@ def test_lean_equals_plain_float64(reduction, tiles):
 def test_lean_equals_plain_float32():
     joiner, enc, dec, targets, ll, tl = _setup(torch.float32, B=3, T=7, U=4, J=16, V=11, seed=1)
     ref_loss, ref_g = _grads(lambda: _plain(joiner, enc, dec, targets, ll, tl, "sum"), joiner, enc, dec)
-    loss, got_g = _grads(lambda: rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, tile_t=3), joiner, enc, dec)
+    loss, got_g = _grads(lambda: rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, reduction="sum", tile_t=3),
+                         joiner, enc, dec)
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
     for a, b in zip(got_g, ref_g):
@@ -128,7 +129,8 @@ def test_lean_clamp_matches_clamped_plain_gradient():
     assert glog.abs().max() > clamp  # the clamp is active
     logits.backward(glog.clamp(-clamp, clamp) * 2.0)
     ref_g = _collect(joiner, enc, dec)
-    loss, got_g = _grads(lambda: 2.0 * rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, clamp=clamp, tile_t=2),
+    loss, got_g = _grads(lambda: 2.0 * rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, reduction="sum", clamp=clamp,
+                                                            tile_t=2),
                          joiner, enc, dec)
     torch.testing.assert_close(loss, 2.0 * ref_loss.detach().sum())
     for a, b in zip(got_g, ref_g):
@@ -146,7 +148,7 @@ def test_lean_under_cpu_autocast_bf16():
 
     ref_loss, ref_g = _grads(autocast(lambda: _plain(joiner, enc, dec, targets, ll, tl, "sum")), joiner, enc, dec)
     joiner.dtypes.clear()
-    loss, got_g = _grads(autocast(lambda: rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, tile_t=2)),
+    loss, got_g = _grads(autocast(lambda: rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, reduction="sum", tile_t=2)),
                          joiner, enc, dec)
     # every tile, in forward and in the backward recompute, ran in the autocast dtype
     # (one probe call for V: the stand-in has no vocab_size), 3 forward tiles, 3 backward recomputes
@@ -164,7 +166,8 @@ def test_lean_bf16_cast_joiner():
     enc = enc.detach().bfloat16().requires_grad_()
     dec = dec.detach().bfloat16().requires_grad_()
     ref_loss, ref_g = _grads(lambda: _plain(joiner, enc, dec, targets, ll, tl, "sum"), joiner, enc, dec)
-    loss, got_g = _grads(lambda: rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, tile_t=2), joiner, enc, dec)
+    loss, got_g = _grads(lambda: rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, reduction="sum", tile_t=2),
+                         joiner, enc, dec)
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, ref_loss, rtol=1e-3, atol=1e-3)
     for a, b in zip(got_g, ref_g):
@@ -185,12 +188,12 @@ def test_lean_never_runs_the_joiner_on_the_whole_grid():
 def test_lean_frozen_joiner_and_no_grad():
     joiner, enc, dec, targets, ll, tl = _setup(seed=6)
     joiner.requires_grad_(False)
-    loss = rnnt_loss_lean(joiner, enc, dec, targets, ll, tl)
+    loss = rnnt_loss_lean(joiner, enc, dec, targets, ll, tl)  # the default reduction: the mean over B
     loss.backward()
     assert enc.grad is not None and all(p.grad is None for p in joiner.parameters())
     with torch.no_grad():
         l2 = rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, reduction="none")
-    torch.testing.assert_close(l2.sum(), loss.detach())
+    torch.testing.assert_close(l2.mean(), loss.detach())
 
 
 def test_lean_bad_inputs():
@@ -207,7 +210,7 @@ def test_lean_with_the_real_joiner_matches_the_torch_backend():
     """Cross-check with the library's Joiner and the ``torch`` reference backend (a second DP)."""
     from asrprec.models.joiner import Joiner
 
-    reference = pytest.importorskip("asrprec.losses.reference")
+    from asrprec.losses import reference
     torch.manual_seed(7)
     B, T, U, J, V = 2, 6, 3, 8, 10
     joiner = Joiner(5, 4, J, V).double()
@@ -219,7 +222,7 @@ def test_lean_with_the_real_joiner_matches_the_torch_backend():
         joiner.zero_grad(set_to_none=True)
         enc, dec = joiner.encoder_proj(enc_raw), joiner.decoder_proj(dec_raw)  # projections get gradients too
         if lean:
-            loss = rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, tile_t=4)
+            loss = rnnt_loss_lean(joiner, enc, dec, targets, ll, tl, reduction="sum", tile_t=4)
         else:
             logits = joiner(enc.unsqueeze(2), dec.unsqueeze(1), project_input=False)
             loss = reference.rnnt_loss_torch(logits, targets, ll, tl).sum()

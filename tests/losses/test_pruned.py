@@ -163,10 +163,10 @@ def test_smoothed_matches_brute_force(scales):
     torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-10)
     assert loss.dtype == torch.float64
     torch.testing.assert_close(
-        rnnt_loss_smoothed(lm, am, targets, ll, tl, lm_only_scale=lm_s, am_only_scale=am_s), ref.sum())
+        rnnt_loss_smoothed(lm, am, targets, ll, tl, lm_only_scale=lm_s, am_only_scale=am_s), ref.mean())
     torch.testing.assert_close(
-        rnnt_loss_smoothed(lm, am, targets, ll, tl, lm_only_scale=lm_s, am_only_scale=am_s, reduction="mean"),
-        ref.mean())
+        rnnt_loss_smoothed(lm, am, targets, ll, tl, lm_only_scale=lm_s, am_only_scale=am_s, reduction="sum"),
+        ref.sum())
 
 
 def test_smoothed_gradcheck():

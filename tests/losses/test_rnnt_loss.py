@@ -7,13 +7,22 @@ backends. The reference is additionally gradchecked. numba-cuda runs in ``test_n
 
 from __future__ import annotations
 
+import inspect
 import itertools
 
 import numpy as np
 import pytest
 import torch
 
-from asrprec.losses import available_backends, resolve_backend, rnnt_loss, validate_rnnt_inputs
+from asrprec.losses import (
+    available_backends,
+    resolve_backend,
+    rnnt_loss,
+    rnnt_loss_lean,
+    rnnt_loss_pruned,
+    rnnt_loss_smoothed,
+    validate_rnnt_inputs,
+)
 
 AVAILABLE = {b["name"] for b in available_backends() if b["available"]}
 CPU_BACKENDS = [b for b in ("torch", "numba", "torchaudio") if b in AVAILABLE]
@@ -85,6 +94,13 @@ def supports(backend, dtype, fastemit=False, clamp=None):
         return False
 
 
+def backend_dtypes(dtypes):
+    """The (backend, dtype) pairs a CPU backend accepts (torchaudio takes fp32 and fp16 only; its refusal of the
+    others is tested in test_auto_picks_numba_on_cpu_and_never_casts)."""
+    return [pytest.param(b, d, id=f"{b}-{str(d).replace('torch.', '')}") for b in CPU_BACKENDS for d in dtypes
+            if supports(b, d)]
+
+
 def run(backend, x, tg, tl, ul, **kw):
     xx = x.clone().requires_grad_()
     costs = rnnt_loss(xx, tg, tl, ul, backend=backend, reduction="none", **kw)
@@ -95,12 +111,9 @@ def run(backend, x, tg, tl, ul, **kw):
 # ---------------------------------------------------------------- correctness against the oracle
 
 
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("backend,dtype", backend_dtypes(DTYPES))
 @pytest.mark.parametrize("blank", [0, 5])
 def test_backend_matches_enumeration(backend, dtype, blank):
-    if not supports(backend, dtype):
-        pytest.skip(f"{backend} does not take {dtype}")
     x, tg, tl, ul = make_batch(blank=blank)
     x = x.to(dtype)
     ref_cost, ref_grad = oracle(x, tg, tl, ul, blank=blank)
@@ -169,11 +182,18 @@ def test_numba_matches_torchaudio(dtype):
     ta_cost, ta_grad = run("torchaudio", x, tg, tl, ul, clamp=0.3)
     cost, grad = run("numba", x, tg, tl, ul, clamp=0.3)
     torch.testing.assert_close(cost, ta_cost, rtol=1e-3 if dtype == torch.float16 else 2e-6, atol=0)
-    # torchaudio's own fp32 gradient error is ~10x ours (reference/rnnt_losses.md §4)
+    # torchaudio's own fp32 gradient error against the enumeration is about 10x ours
     torch.testing.assert_close(grad, ta_grad, rtol=0, atol=2e-5 if dtype == torch.float32 else 2e-3)
 
 
 # ---------------------------------------------------------------- reductions, padding, extremes
+
+
+def test_every_loss_function_defaults_to_the_batch_mean():
+    """One reduction default, "mean" over the batch, as k2 and torchaudio; the values are checked per function
+    in test_lean.py and test_pruned.py."""
+    for fn in (rnnt_loss, rnnt_loss_pruned, rnnt_loss_smoothed, rnnt_loss_lean):
+        assert inspect.signature(fn).parameters["reduction"].default == "mean", fn.__name__
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -192,11 +212,8 @@ def test_reductions_and_grad_output_scaling(backend):
         torch.testing.assert_close(xx.grad.double(), ref_grad * 3.0 * scale, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("backend,dtype", backend_dtypes(DTYPES))
 def test_padding_gradient_exactly_zero(backend, dtype):
-    if not supports(backend, dtype):
-        pytest.skip(f"{backend} does not take {dtype}")
     x, tg, tl, ul = make_batch(B=3, T=6, U=4, V=7, seed=2)
     x = x.to(dtype)
     _, grad = run(backend, x, tg, tl, ul)
@@ -206,11 +223,12 @@ def test_padding_gradient_exactly_zero(backend, dtype):
         assert grad[b, : int(tl[b]), : int(ul[b]) + 1].abs().sum() > 0
 
 
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-@pytest.mark.parametrize("dtype,big", [(torch.float32, 1e4), (torch.float16, 65504.0), (torch.bfloat16, 1e4)], ids=str)
-def test_extreme_logits_are_finite(backend, dtype, big):
-    if not supports(backend, dtype):
-        pytest.skip(f"{backend} does not take {dtype}")
+BIG = {torch.float32: 1e4, torch.float16: 65504.0, torch.bfloat16: 1e4}  # entries near each dtype's range
+
+
+@pytest.mark.parametrize("backend,dtype", backend_dtypes(BIG))
+def test_extreme_logits_are_finite(backend, dtype):
+    big = BIG[dtype]
     g = torch.Generator().manual_seed(4)
     x = (torch.randint(0, 3, (2, 5, 4, 6), generator=g).double() - 1.0) * big  # entries in {-big, 0, big}
     tg = torch.randint(1, 6, (2, 3), generator=g)
@@ -258,8 +276,9 @@ def test_numba_half_conversions_match_torch():
 def test_auto_picks_numba_on_cpu_and_never_casts():
     assert resolve_backend("auto", "cpu", torch.float32).name == ("numba" if "numba" in AVAILABLE else "torch")
     assert resolve_backend("auto", "cpu", torch.bfloat16).name in ("numba", "torch")
-    with pytest.raises(ValueError, match="bfloat16"):
-        resolve_backend("torchaudio", "cpu", torch.bfloat16)
+    for dtype in (torch.bfloat16, torch.float64):
+        with pytest.raises(ValueError, match=str(dtype).replace("torch.", "")):
+            resolve_backend("torchaudio", "cpu", dtype)
     with pytest.raises(ValueError, match="FastEmit"):
         resolve_backend("torchaudio", "cpu", torch.float32, None, 0.5)
     with pytest.raises(ValueError, match="cuda"):

@@ -7,12 +7,13 @@ import math
 import pytest
 import torch
 
+from asrprec.models import build_transducer, make_pad_mask
 from asrprec.models.conformer import (
     CONFORMER_PRESETS,
+    RENAMED_FIELDS,
     ConformerEncoder,
     RelPositionMultiheadAttention,
     build_conformer_encoder,
-    make_pad_mask,
     rel_positional_encoding,
 )
 from asrprec.models.subsampling import Conv2dSubsampling, conv2d_subsampling_output_lens
@@ -104,7 +105,7 @@ def test_encoder_output_shape_and_lens():
 
 
 def test_encoder_rejects_bad_lengths():
-    enc = build_conformer_encoder(size="tiny", num_layers=1)
+    enc = build_conformer_encoder(size="tiny", num_encoder_layers=1)
     with pytest.raises(ValueError, match="feature_lens"):
         enc(torch.randn(2, 30, 80), torch.tensor([30, 5]))
     with pytest.raises(ValueError, match="feature_lens"):
@@ -115,7 +116,7 @@ def test_encoder_rejects_bad_lengths():
 
 def test_padding_invariance_eval():
     torch.manual_seed(0)
-    enc = build_conformer_encoder(size="tiny", num_layers=2).eval()
+    enc = build_conformer_encoder(size="tiny", num_encoder_layers=2).eval()
     lens = [61, 46, 31]  # different residues mod 4 exercise the front-end's right edge
     T = max(lens)
     utts = [torch.randn(L, 80) for L in lens]
@@ -163,7 +164,7 @@ def test_training_step_is_finite(mode):
 
 def test_warmup_bypass():
     torch.manual_seed(0)
-    enc = build_conformer_encoder(size="tiny", num_layers=2, dropout=0.0, layer_dropout=0.0)
+    enc = build_conformer_encoder(size="tiny", num_encoder_layers=2, dropout=0.0, layer_dropout=0.0)
     feats = torch.randn(2, 40, 80)
     lens = torch.tensor([40, 29])
     with torch.no_grad():
@@ -188,7 +189,7 @@ def test_warmup_bypass():
 
 def test_layer_dropout_draws():
     torch.manual_seed(0)
-    layer = build_conformer_encoder(size="tiny", num_layers=1, layer_dropout=0.25).layers[0].train()
+    layer = build_conformer_encoder(size="tiny", num_encoder_layers=1, layer_dropout=0.25).layers[0].train()
     alphas = [layer.bypass_alpha(1.0) for _ in range(4000)]
     assert set(alphas) == {1.0, 0.1}
     assert alphas.count(0.1) / 4000 == pytest.approx(0.25, abs=0.03)
@@ -221,26 +222,28 @@ def test_preset_parameter_counts(size):
     c = CONFORMER_PRESETS[size]
     with torch.device("meta"):  # no memory, no init cost
         enc = build_conformer_encoder(size=size)
-    assert _n_params(enc) == _closed_form_params(80, c.d_model, c.num_layers, c.ff_dim, c.cnn_kernel,
-                                                 c.frontend_channels)
+    assert _n_params(enc) == _closed_form_params(80, c.encoder_dim, c.num_encoder_layers, c.feedforward_dim,
+                                                 c.cnn_module_kernel, c.frontend_channels)
     if size == "librispeech":
         # icefall pruned_transducer_stateless2 defaults: d_model 512, 12 layers, 8 heads, ff 2048, kernel 31
-        assert (c.d_model, c.num_layers, c.num_heads, c.ff_dim, c.cnn_kernel) == (512, 12, 8, 2048, 31)
+        assert (c.encoder_dim, c.num_encoder_layers, c.num_heads, c.feedforward_dim, c.cnn_module_kernel) == \
+            (512, 12, 8, 2048, 31)
         assert _n_params(enc) == 77_096_192
     if size == "tiny":
         assert 1_000_000 <= _n_params(enc) <= 3_000_000
 
 
 def test_frontend_channels_set_the_front_end_widths():
-    enc = build_conformer_encoder(size="tiny", frontend_channels=[4, 8, 16], num_layers=1)
+    enc = build_conformer_encoder(size="tiny", frontend_channels=[4, 8, 16], num_encoder_layers=1)
     convs = [m for m in enc.encoder_embed.conv if isinstance(m, torch.nn.Conv2d)]
     assert [(m.in_channels, m.out_channels) for m in convs] == [(1, 4), (4, 8), (8, 16)]
     assert enc.encoder_embed.out.in_features == 16 * 19  # c3 x F' (F' = 19 for 80 bins)
     c = enc.config
     assert c.frontend_channels == (4, 8, 16)
-    assert _n_params(enc) == _closed_form_params(80, c.d_model, 1, c.ff_dim, c.cnn_kernel, (4, 8, 16))
+    assert _n_params(enc) == _closed_form_params(80, c.encoder_dim, 1, c.feedforward_dim, c.cnn_module_kernel,
+                                                 (4, 8, 16))
     out, lens = enc.eval()(torch.randn(2, 50, 80), torch.tensor([50, 30]))
-    assert out.shape == (2, conv2d_subsampling_output_lens(50), c.d_model)
+    assert out.shape == (2, conv2d_subsampling_output_lens(50), c.encoder_dim)
     for bad in ((8, 32), (8, 0, 64)):
         with pytest.raises(ValueError, match="frontend_channels"):
             build_conformer_encoder(size="tiny", frontend_channels=bad)
@@ -253,8 +256,26 @@ def test_builder_validates():
         build_conformer_encoder(size="tiny", d_modle=128)
     with pytest.raises(ValueError, match="divisible"):
         build_conformer_encoder(size="tiny", num_heads=5)
-    enc = build_conformer_encoder(size="tiny", num_features=40, num_layers=1)
+    enc = build_conformer_encoder(size="tiny", num_features=40, num_encoder_layers=1)
     assert isinstance(enc, ConformerEncoder) and enc.config.num_features == 40 and len(enc.layers) == 1
+
+
+def test_earlier_field_names_build_the_same_model_with_a_deprecation_warning():
+    """A model.json written with the earlier names (d_model, num_layers, ff_dim, cnn_kernel) builds the model
+    the new names build: same parameter names, shapes and (same seed) values."""
+    old = {"d_model": 96, "num_layers": 2, "num_heads": 4, "ff_dim": 192, "cnn_kernel": 7}
+    new = {"encoder_dim": 96, "num_encoder_layers": 2, "num_heads": 4, "feedforward_dim": 192, "cnn_module_kernel": 7}
+    assert {RENAMED_FIELDS.get(k, k): v for k, v in old.items()} == new
+    torch.manual_seed(0)
+    with pytest.warns(DeprecationWarning, match="'d_model' is deprecated; use 'encoder_dim'"):
+        a = build_transducer(encoder="conformer", size="tiny", vocab_size=20, encoder_overrides=old)
+    torch.manual_seed(0)
+    b = build_transducer(encoder="conformer", size="tiny", vocab_size=20, encoder_overrides=new)
+    assert a.encoder.config == b.encoder.config and a.encoder.config.encoder_dim == 96
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+    with pytest.raises(ValueError, match="both 'ff_dim' and its new name 'feedforward_dim'"):
+        build_conformer_encoder(size="tiny", ff_dim=64, feedforward_dim=64)
 
 
 @pytest.mark.gpu

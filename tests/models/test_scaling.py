@@ -16,7 +16,6 @@ from asrprec.models.scaling import (
     ScaledConv2d,
     ScaledLinear,
     double_swish,
-    warmup_fraction,
 )
 
 torch.set_num_threads(1)
@@ -298,11 +297,3 @@ def test_scaled_conv2d_channels_last_same_values_and_grads():
     assert cl.weight.is_contiguous()  # stored layout is the default one: checkpoints do not depend on the flag
     assert torch.autograd.gradcheck(cl, x[:1, :, :5, :5].clone().requires_grad_())
 
-
-def test_warmup_fraction():
-    assert warmup_fraction(0, 3000) == 0.0
-    assert warmup_fraction(1500, 3000) == 0.5
-    assert warmup_fraction(9000, 3000) == 1.0
-    assert warmup_fraction(5, 0) == 1.0
-    with pytest.raises(ValueError):
-        warmup_fraction(-1, 10)

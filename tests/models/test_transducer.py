@@ -25,7 +25,7 @@ class LinearEncoder(nn.Module):
 def tiny_model(vocab=5, **loss):
     torch.manual_seed(0)
     return Transducer(LinearEncoder(), Decoder(vocab, 16, blank_id=0, context_size=2), Joiner(12, 16, 10, vocab),
-                      loss=LossConfig(**loss))
+                      loss=LossConfig(**{"loss": "full", **loss}))
 
 
 def brute_force_loss(logits, y):
@@ -165,3 +165,16 @@ def test_resolved_encoder_overrides_rebuild_the_same_architecture(encoder, overr
         build_transducer(encoder=encoder, size="tiny", vocab_size=16).load_state_dict(model.state_dict(), strict=False)
     with pytest.raises(TypeError, match="config"):
         resolved_encoder_overrides(nn.Linear(2, 2))
+
+
+def test_builder_defaults_are_the_recommended_setup():
+    """build_transducer(vocab_size=V) is the setup the embedded recipe and icefall's current recipe train: a
+    Zipformer with the pruned loss; a loss given as a dict is checked key by key."""
+    from asrprec.models import build_transducer
+    from asrprec.models.zipformer import ZipformerEncoder
+
+    with torch.device("meta"):
+        model = build_transducer(vocab_size=20)
+        assert isinstance(model.encoder, ZipformerEncoder) and model.loss_config.loss == "pruned"
+        with pytest.raises(ValueError, match="did you mean 'prune_range'"):
+            build_transducer(vocab_size=20, loss={"loss": "pruned", "prune_rang": 4})

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from asrprec.models.zipformer.frontend import Conv2dSubsampling, ConvNeXt
 from asrprec.models.zipformer.layers import SimpleDownsample, _SimpleDownsampleFunction
-from asrprec.models.zipformer.scaling import Linear
+from asrprec.models.zipformer.linear import Linear
 
 
 def _swoosh_l_ref(x):

@@ -1,6 +1,9 @@
 """Precision policies: names, errors, mocked hardware, fp32 islands, dtypes, scalers, master weights."""
 
+import copy
+import dataclasses
 import logging
+import pickle
 
 import pytest
 import torch
@@ -94,40 +97,6 @@ def test_cuda_requested_without_cuda(monkeypatch):
 def test_real_cpu_probe_runs_every_policy():
     c = caps_mod.probe("cpu")
     assert c.bf16 and c.fp16 and c.grad_scaler, c
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fp32_island_runs_in_fp32_under_cpu_autocast(dtype):
-    a = torch.randn(16, 16)
-    seen = {}
-
-    @fp32_island
-    def f(x):
-        seen["autocast"] = torch.is_autocast_enabled("cpu")
-        seen["in"] = x.dtype
-        return x @ x  # would be low precision under autocast
-
-    with torch.autocast("cpu", dtype=dtype):
-        low = a @ a
-        out = f(a.to(dtype))
-        with fp32_island():
-            inner = a @ a
-    assert low.dtype == dtype
-    assert out.dtype == torch.float32 and seen == {"autocast": False, "in": torch.float32}
-    assert inner.dtype == torch.float32
-    # the island's matmul is really fp32: compare to float64 (bf16/fp16 would be ~1e-2 off)
-    ref = (a.to(dtype).double() @ a.to(dtype).double())
-    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-4)
-
-
-def test_fp32_island_output_input_casts_back():
-    @fp32_island(output="input")
-    def norm(x):
-        assert x.dtype == torch.float32
-        return x / x.pow(2).mean().sqrt()
-
-    x = torch.randn(8, dtype=torch.bfloat16)
-    assert norm(x).dtype == torch.bfloat16
 
 
 def test_parameter_and_activation_dtypes_per_policy():
@@ -262,3 +231,17 @@ def test_probe_works_where_autograd_is_off(ctx):
         policy = get_policy("amp-fp16", "cpu")
     assert caps.grad_scaler, caps.grad_scaler_why
     assert policy.name == "amp-fp16"
+
+
+def test_policy_is_immutable_through_and_through():
+    p = get_policy("amp-fp16", "cpu", init_scale=2.0**10)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.name = "fp32"
+    with pytest.raises(TypeError):
+        p.scaler_kwargs["init_scale"] = 1.0  # the mapping is read-only too
+    assert dict(p.scaler_kwargs) == {"init_scale": 2.0**10}
+    assert p.make_scaler().get_scale() == 2.0**10 and p.make_scaler(init_scale=8.0).get_scale() == 8.0
+    for q in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p), dataclasses.replace(p)):
+        assert q == p and dict(q.scaler_kwargs) == {"init_scale": 2.0**10}
+        with pytest.raises(TypeError):
+            q.scaler_kwargs["init_scale"] = 1.0

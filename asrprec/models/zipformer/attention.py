@@ -15,19 +15,13 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .scaling import (
-    Balancer,
-    Dropout2,
-    FloatLike,
-    Linear,
-    ScheduledFloat,
-    Whiten,
-    autocast_off,
-    penalize_abs_values_gt,
-    scaled_linear,
-    softmax,
-    whitening_schedule,
-)
+from asrprec.precision.islands import autocast_dtype, fp32_island
+
+from ..schedule import FloatLike, ScheduledFloat
+from .activations import softmax
+from .dropout import Dropout2
+from .grad_shaping import Balancer, Whiten, penalize_abs_values_gt, whitening_schedule
+from .linear import Linear, scaled_linear
 
 # Masked scores use -1000 (not -inf): representable in fp16, exp() is exactly 0, and an all-masked row stays finite.
 _MASK_VALUE = -1000.0
@@ -58,7 +52,7 @@ class CompactRelPositionalEncoding(nn.Module):
         if pe is not None and pe.device == device and pe.shape[0] >= 2 * t - 1:
             return pe
         n = max(t, 1000 if pe is None else (pe.shape[0] + 1) // 2)
-        with torch.no_grad(), autocast_off(torch.empty(0, device=device)):
+        with torch.no_grad(), fp32_island():
             x = torch.arange(-(n - 1), n, device=device, dtype=torch.float32).unsqueeze(1)
             freqs = 1 + torch.arange(self.embed_dim // 2, device=device, dtype=torch.float32)
             c = self.embed_dim ** 0.5  # compression length
@@ -245,6 +239,6 @@ class NonlinAttention(nn.Module):
 
 def _weights_like(attn_weights: Tensor, x: Tensor) -> Tensor:
     """The attention weights in the values' dtype, unless autocast chooses the matmul's dtype itself."""
-    if attn_weights.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+    if attn_weights.dtype != x.dtype and autocast_dtype(x) is None:
         return attn_weights.to(x.dtype)
     return attn_weights

@@ -4,7 +4,7 @@ Structure follows k2-fsa/icefall ``egs/librispeech/ASR/zipformer/zipformer.py`` 
 ``zipformer/model.py`` (forward_encoder); the code is ours.
 
 Scheduled behaviour (layer skipping, feature masking rates, dropout, balancer probabilities) follows a batch
-count that the training loop writes with ``encoder.set_batch_count(n)``. icefall feeds the *adjusted* count
+count that the training loop writes with :func:`asrprec.models.set_batch_count`. icefall feeds the *adjusted* count
 ``batch_idx * max_duration * world_size / 600`` (train.py ``get_adjusted_batch_count``) every 10 batches; until
 it is set, all schedules return their defaults (layer skipping off).
 """
@@ -17,14 +17,19 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from ..masks import make_pad_mask
+from ..schedule import ScheduledFloat
 from .frontend import Conv2dSubsampling
 from .layers import DownsampledZipformer2Encoder, SimpleDownsample, Zipformer2Encoder, Zipformer2EncoderLayer
-from .scaling import ScheduledFloat, convert_num_channels, set_batch_count
 
 
-def make_pad_mask(lens: Tensor, max_len: int) -> Tensor:
-    """(B,) lengths -> (B, max_len) bool, True at padded positions."""
-    return torch.arange(max_len, device=lens.device).unsqueeze(0) >= lens.unsqueeze(1)
+def convert_num_channels(x: Tensor, num_channels: int) -> Tensor:
+    """Truncate or zero-pad the last dim of x to ``num_channels``."""
+    c = x.shape[-1]
+    if num_channels <= c:
+        return x[..., :num_channels]
+    pad = torch.zeros(*x.shape[:-1], num_channels - c, dtype=x.dtype, device=x.device)
+    return torch.cat((x, pad), dim=-1)
 
 
 def zipformer_dropout(rate: Optional[float] = None) -> Union[float, ScheduledFloat]:
@@ -115,12 +120,13 @@ class Zipformer2(nn.Module):
             lcc = 1
         return cs, lcc
 
-    def _get_attn_mask(self, t: int, chunk_size: int, left_context_chunks: int,
-                       device: torch.device) -> Optional[Tensor]:
+    def check_chunking(self, chunk_size: int, left_context_chunks: int) -> None:
+        """Raise ValueError unless chunked attention can run with ``chunk_size`` (50 Hz frames; <= 0: none) and
+        ``left_context_chunks`` (-1: unlimited): a multiple of every downsampling factor, and a left context that
+        covers each convolution's left reach."""
         if chunk_size <= 0:
-            return None
-        bad = [d for d in self.downsampling_factor if chunk_size % d != 0]
-        if bad:
+            return
+        if any(chunk_size % d != 0 for d in self.downsampling_factor):
             raise ValueError(f"chunk_size {chunk_size} must be a multiple of every downsampling factor "
                              f"{self.downsampling_factor}")
         if left_context_chunks >= 0:
@@ -128,7 +134,13 @@ class Zipformer2(nn.Module):
                 if chunk_size * left_context_chunks < (k // 2) * d:
                     raise ValueError(f"left context {chunk_size * left_context_chunks} frames is shorter than the "
                                      f"convolution's left reach {(k // 2) * d}; raise left_context_frames")
-        else:
+
+    def _get_attn_mask(self, t: int, chunk_size: int, left_context_chunks: int,
+                       device: torch.device) -> Optional[Tensor]:
+        if chunk_size <= 0:
+            return None
+        self.check_chunking(chunk_size, left_context_chunks)
+        if left_context_chunks < 0:
             left_context_chunks = 1_000_000
         c = torch.arange(t, device=device) // chunk_size
         return torch.logical_or(c.unsqueeze(0) > c.unsqueeze(1), c.unsqueeze(0) < c.unsqueeze(1) - left_context_chunks)
@@ -188,7 +200,7 @@ class ZipformerEncoder(nn.Module):
       -> (encoder_out (B,T',D) in the activations' dtype, encoder_out_lens (B,) int64).
     ``chunk_size``/``left_context_frames`` (50 Hz frames) fix the chunked causal mode (causal encoders only);
     by default training draws them from the configured lists. Extra keyword arguments (e.g. ``warmup``) are
-    ignored. Call ``set_batch_count(n)`` from the training loop to drive the schedules.
+    ignored. The training loop drives the schedules with :func:`asrprec.models.set_batch_count`.
     """
 
     def __init__(self, encoder_embed: Conv2dSubsampling, encoder: Zipformer2, num_features: int):
@@ -197,10 +209,6 @@ class ZipformerEncoder(nn.Module):
         self.encoder = encoder
         self.num_features = num_features
         self.output_dim = max(encoder.encoder_dim)
-
-    def set_batch_count(self, batch_count: float) -> None:
-        """Set the batch count that every ScheduledFloat in this encoder follows."""
-        set_batch_count(self, batch_count)
 
     def forward(self, features: Tensor, feature_lens: Tensor, chunk_size: Optional[int] = None,
                 left_context_frames: Optional[int] = None, **ignored) -> Tuple[Tensor, Tensor]:
@@ -234,8 +242,31 @@ class ZipformerEncoder(nn.Module):
             raise ValueError(f"streaming needs a finite left context > 0 (50 Hz frames), got {left_context_frames}; "
                              "-1 (unlimited) is for simulated streaming only")
         cs, lcc = stacks.get_chunk_info(chunk_size, left_context_frames)
-        stacks._get_attn_mask(2 * cs, cs, lcc, torch.device("cpu"))  # validates, raises with the reason
+        stacks.check_chunking(cs, lcc)
         return cs * lcc
+
+    def configure_streaming(self, chunk_size: Optional[int], left_context_frames: Optional[int],
+                            streaming: bool = False) -> str:
+        """Fix the chunk size and left context (50 Hz frames) this causal encoder uses from now on; see
+        :func:`asrprec.models.configure_streaming`, which also accepts models that are not causal."""
+        stacks = self.encoder
+        if not stacks.causal:
+            raise ValueError("chunked decoding needs a causal Zipformer (train it with --encoder zipformer --causal)")
+        if chunk_size is None:
+            raise ValueError(f"this causal model was trained with chunk sizes {list(stacks.chunk_size)} and left "
+                             f"contexts {list(stacks.left_context_frames)}; decoding needs one of each: pass e.g. "
+                             "--chunk-size 32 --left-context-frames 256, or --chunk-size -1 for full context")
+        if chunk_size != -1 and left_context_frames is None:
+            raise ValueError("a chunk size needs a left context: pass --left-context-frames (e.g. 256, or -1 for all)")
+        chunk = int(chunk_size)
+        left = -1 if left_context_frames is None else int(left_context_frames)
+        stacks.check_chunking(*stacks.get_chunk_info(chunk, left))
+        if streaming:
+            self.streaming_left_context(chunk, left)  # raises with the reason
+        stacks.chunk_size = (chunk,)
+        stacks.left_context_frames = (left,)
+        tag = "causal-full-context" if chunk == -1 else f"chunk-{chunk}-left-{left}"
+        return f"streaming-{tag}" if streaming else tag
 
     def get_init_states(self, batch_size: int, chunk_size: int, left_context_frames: int,
                         device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> List[Tensor]:

@@ -15,19 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .scaling import (
-    Balancer,
-    BiasNorm,
-    Dropout3,
-    FloatLike,
-    Linear,
-    ScaleGrad,
-    ScheduledFloat,
-    SwooshR,
-    Whiten,
-    act_dropout_linear,
-    linear,
-)
+from ..schedule import FloatLike, ScheduledFloat
+from .activations import SwooshR, act_dropout_linear
+from .dropout import Dropout3
+from .grad_shaping import Balancer, ScaleGrad, Whiten
+from .linear import Linear, linear
+from .norm import BiasNorm
 
 
 class ConvNeXt(nn.Module):

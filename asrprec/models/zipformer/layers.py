@@ -2,7 +2,8 @@
 
 Structure follows k2-fsa/icefall ``egs/librispeech/ASR/zipformer/zipformer.py`` (FeedforwardModule,
 ConvolutionModule, BypassModule, Zipformer2EncoderLayer, Zipformer2Encoder, DownsampledZipformer2Encoder,
-SimpleDownsample, SimpleUpsample); the code is ours. Layout (T, B, D): T frames, B batch, D channels.
+SimpleDownsample, SimpleUpsample) and ``zipformer/scaling.py`` (ChunkCausalDepthwiseConv1d, the bypass); the code
+is ours. Layout (T, B, D): T frames, B batch, D channels.
 Differences: SimpleDownsample, given the padding mask, fills each utterance's padded frames with its last valid
 frame before grouping, so a padded batch gives exactly the outputs of each utterance alone (icefall mixes
 padding into the last group); the unused per-layer ``bypass_scale`` parameter of icefall ("TODO remove") is
@@ -19,23 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asrprec.precision.islands import compute_dtype, fp32_island, upcast
+
+from ..schedule import FloatLike, ScheduledFloat
+from .activations import ActivationDropoutAndLinear
 from .attention import CompactRelPositionalEncoding, NonlinAttention, RelPositionMultiheadAttentionWeights, \
     SelfAttention
-from .scaling import (
-    ActivationDropoutAndLinear,
-    Balancer,
-    BiasNorm,
-    ChunkCausalDepthwiseConv1d,
-    FloatLike,
-    Linear,
-    ScheduledFloat,
-    Whiten,
-    autocast_off,
-    bypass,
-    limit_param_value,
-    _up,
-    whitening_schedule,
-)
+from .grad_shaping import Balancer, Whiten, limit_param_value, whitening_schedule
+from .linear import Linear
+from .norm import BiasNorm
 
 
 class FeedforwardModule(nn.Module):
@@ -54,6 +47,67 @@ class FeedforwardModule(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.out_whiten(self.out_proj(self.hidden_balancer(self.in_proj(x))))
+
+
+class ChunkCausalDepthwiseConv1d(nn.Module):
+    """Depthwise Conv1d usable in chunked streaming: a causal conv over the left half of the kernel plus a
+    full-kernel conv applied within each chunk (so nothing right of the chunk is seen), scaled by learned
+    per-position corrections near chunk edges. (icefall scaling.py ``ChunkCausalDepthwiseConv1d``.)
+
+    Input/output (B, C, T)."""
+
+    def __init__(self, channels: int, kernel_size: int, initial_scale: float = 1.0, bias: bool = True):
+        super().__init__()
+        if kernel_size % 2 != 1:
+            raise ValueError(f"kernel_size must be odd, got {kernel_size}")
+        half = (kernel_size + 1) // 2
+        self.causal_conv = nn.Conv1d(channels, channels, groups=channels, kernel_size=half, bias=True)
+        self.chunkwise_conv = nn.Conv1d(channels, channels, groups=channels, kernel_size=kernel_size,
+                                        padding=kernel_size // 2, bias=bias)
+        # row 0: corrections near the chunk's left edge; row 1: near its right edge (added to a scale of 1).
+        self.chunkwise_conv_scale = nn.Parameter(torch.zeros(2, channels, kernel_size))
+        self.kernel_size = kernel_size
+        with torch.no_grad():
+            self.causal_conv.weight.mul_(initial_scale)
+            self.chunkwise_conv.weight.mul_(initial_scale)
+            nn.init.uniform_(self.causal_conv.bias, -0.1 * initial_scale, 0.1 * initial_scale)
+
+    def _chunk_scale(self, chunk_size: int, dtype: torch.dtype) -> Tensor:
+        left, right = self.chunkwise_conv_scale[0], self.chunkwise_conv_scale[1]
+        k = self.kernel_size
+        if chunk_size < k:
+            left, right = left[:, :chunk_size], right[:, -chunk_size:]
+        else:
+            pad = torch.zeros(left.shape[0], chunk_size - k, device=left.device, dtype=left.dtype)
+            left, right = torch.cat((left, pad), dim=-1), torch.cat((pad, right), dim=-1)
+        return (1.0 + left + right).to(dtype)
+
+    def forward(self, x: Tensor, chunk_size: int = -1) -> Tensor:
+        b, c, t = x.shape
+        left_pad = self.kernel_size // 2
+        if chunk_size < 0 or chunk_size > t:
+            chunk_size = t
+        right_pad = -t % chunk_size
+        x = F.pad(x, (left_pad, right_pad))
+        x_causal = self.causal_conv(x[..., : left_pad + t])
+        xc = x[..., left_pad:]
+        n = xc.shape[2] // chunk_size
+        xc = xc.reshape(b, c, n, chunk_size).permute(0, 2, 1, 3).reshape(b * n, c, chunk_size)
+        xc = self.chunkwise_conv(xc)
+        xc = xc * self._chunk_scale(chunk_size, xc.dtype)
+        xc = xc.reshape(b, n, c, chunk_size).permute(0, 2, 1, 3).reshape(b, c, n * chunk_size)[..., :t]
+        return xc + x_causal
+
+    def streaming_forward(self, x: Tensor, cache: Tensor) -> Tuple[Tensor, Tensor]:
+        """One whole chunk x (B, C, T) after ``cache`` (B, C, kernel_size // 2), the frames just before it.
+
+        Returns the same (B, C, T) as :meth:`forward` gives for this chunk inside a longer input, and the new
+        cache: the last kernel_size // 2 frames of cache + x."""
+        left_pad = self.kernel_size // 2
+        x_full = torch.cat((cache.to(x.dtype), x), dim=2)
+        x_causal = self.causal_conv(x_full)
+        xc = self.chunkwise_conv(x) * self._chunk_scale(x.shape[2], x.dtype)
+        return xc + x_causal, x_full[..., x_full.shape[2] - left_pad:]
 
 
 class ConvolutionModule(nn.Module):
@@ -120,6 +174,43 @@ class ConvolutionModule(nn.Module):
         x, cache = self.depthwise_conv.streaming_forward(x, cache)
         x = self.balancer2(x).permute(2, 0, 1)  # (T, B, D)
         return self.out_proj(self.whiten(x)), cache
+
+
+class _BypassFunction(torch.autograd.Function):
+    """out = src_orig + (src - src_orig) * scale, saving the difference in the compute dtype (not fp32 under
+    autocast) and the scale; used by BypassModule (icefall computes it with plain ops, which keep an fp32 copy)."""
+
+    @staticmethod
+    def forward(ctx, src_orig: Tensor, src: Tensor, scale: Tensor) -> Tensor:
+        diff = src - src_orig
+        out = src_orig + diff * scale
+        ctx.save_for_backward(diff.to(compute_dtype(src)), scale)
+        ctx.dtypes = (src_orig.dtype, src.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        diff, scale = ctx.saved_tensors
+        g_orig = g_src = g_scale = None
+        with fp32_island():
+            gs = g * scale.to(g.dtype)
+            if ctx.needs_input_grad[1]:
+                g_src = gs.to(ctx.dtypes[1])
+            if ctx.needs_input_grad[0]:
+                g_orig = (g - gs).to(ctx.dtypes[0])
+            if ctx.needs_input_grad[2]:
+                prod = upcast(g) * upcast(diff).to(upcast(g).dtype)
+                dims = tuple(range(prod.ndim - scale.ndim))
+                if scale.ndim == 2:  # (B, C) against (T, B, C)
+                    dims = (0,)
+                g_scale = prod.sum(dim=dims).to(scale.dtype)
+        return g_orig, g_src, g_scale
+
+
+def bypass(src_orig: Tensor, src: Tensor, scale: Tensor) -> Tensor:
+    if not torch.is_grad_enabled():
+        return src_orig + (src - src_orig) * scale
+    return _BypassFunction.apply(src_orig, src, scale)
 
 
 class BypassModule(nn.Module):
@@ -367,8 +458,8 @@ class _SimpleDownsampleFunction(torch.autograd.Function):
         t, b, c = src.shape
         d_t = (t + ds - 1) // ds
         pad = d_t * ds - t
-        with autocast_off(src):
-            w = _up(bias).softmax(dim=0)
+        with fp32_island():
+            w = upcast(bias).softmax(dim=0)
             src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
             out = (src_p.reshape(d_t, ds, b, c) * w.to(src.dtype).reshape(1, ds, 1, 1)).sum(dim=1)
         # in its own dtype: the weights' gradient cancels strongly (adjacent frames are alike), so a bf16 copy
@@ -385,7 +476,7 @@ class _SimpleDownsampleFunction(torch.autograd.Function):
         d_t = g.shape[0]
         pad = d_t * ds - t
         g_src = g_bias = None
-        with autocast_off(g):
+        with fp32_island():
             if ctx.needs_input_grad[0]:
                 gp = (g.unsqueeze(1) * w.to(g.dtype).reshape(1, ds, 1, 1)).reshape(d_t * ds, b, c)
                 g_src = gp[:t]

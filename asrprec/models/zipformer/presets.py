@@ -7,9 +7,10 @@ encoder parameters, no dropout; for the embedded recipe and CPU tests.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
+
+from asrprec.config import check_config_keys
 
 from .encoder import Zipformer2, ZipformerEncoder, zipformer_dropout
 from .frontend import Conv2dSubsampling
@@ -134,16 +135,12 @@ def zipformer_config(size: str = "medium", **overrides: Any) -> ZipformerConfig:
     """The preset ``size`` with ``overrides`` applied; unknown keys raise ValueError."""
     if size not in PRESETS:
         raise ValueError(f"unknown Zipformer size {size!r}; choose one of {sorted(PRESETS)}")
-    names = {f.name for f in dataclasses.fields(ZipformerConfig)}
-    unknown = sorted(set(overrides) - names)
-    if unknown:
-        raise ValueError(f"unknown Zipformer config keys {unknown}; valid keys: {sorted(names)}")
-    return ZipformerConfig(**{**PRESETS[size], **overrides})
+    return ZipformerConfig(**{**PRESETS[size], **check_config_keys(ZipformerConfig, overrides)})
 
 
 def build_zipformer_encoder(*, size: str = "medium", causal: bool = False, **overrides: Any) -> ZipformerEncoder:
     """Build front-end + Zipformer2. ``size`` in tiny/small/medium/large; ``overrides`` are ZipformerConfig
-    fields. The result has ``output_dim`` and ``set_batch_count(n)``."""
+    fields. The result has ``output_dim``; its schedules follow :func:`asrprec.models.set_batch_count`."""
     cfg = zipformer_config(size, causal=causal, **overrides)
     return build_from_config(cfg)
 

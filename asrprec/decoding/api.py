@@ -1,0 +1,79 @@
+"""How to decode (:class:`DecodingOptions`) and "encode, then decode with the named method" (:func:`decode`).
+
+Legend: B utterances, T input frames, T' encoder frames, F feature bins, D_enc encoder width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from asrprec.config import strict_from_dict
+
+from .beam_search import modified_beam_search
+from .greedy import greedy_search
+
+__all__ = ["METHODS", "DecodingOptions", "decode", "decode_encoder_out"]
+
+METHODS = ("greedy_search", "modified_beam_search")
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How to decode.
+
+    method: ``"greedy_search"`` or ``"modified_beam_search"``.
+    beam: hypotheses per utterance for ``modified_beam_search`` (icefall's ``--beam-size``, default 4).
+    max_sym_per_frame: symbols per frame for ``greedy_search`` (icefall's default 1).
+    length_norm: final choice of ``modified_beam_search`` by length-normalised score (icefall) or raw score.
+    """
+
+    method: str = "greedy_search"
+    beam: int = 4
+    max_sym_per_frame: int = 1
+    length_norm: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown decoding method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.beam < 1:
+            raise ValueError(f"beam must be >= 1, got {self.beam}")
+        if self.max_sym_per_frame < 1:
+            raise ValueError(f"max_sym_per_frame must be >= 1, got {self.max_sym_per_frame}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DecodingOptions":
+        """Build from a config dict; unknown keys are an error (a typo must not be silently ignored)."""
+        return strict_from_dict(cls, d)
+
+
+def decode_encoder_out(
+    model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, options: DecodingOptions
+) -> list[list[int]]:
+    """Run the decoding method named in ``options`` on (B, T', D_enc) ``encoder_out`` with (B,) ``encoder_out_lens``;
+    B token-id lists in the input order."""
+    if options.method == "greedy_search":
+        return greedy_search(model, encoder_out, encoder_out_lens, max_sym_per_frame=options.max_sym_per_frame)
+    return modified_beam_search(
+        model, encoder_out, encoder_out_lens, beam=options.beam, length_norm=options.length_norm
+    )
+
+
+@torch.no_grad()
+def decode(
+    model: nn.Module, features: torch.Tensor, feature_lens: torch.Tensor, options: DecodingOptions | None = None
+) -> list[list[int]]:
+    """Encode features and decode them.
+
+    Args:
+        model: a transducer (``encode`` + the decoding interface), in eval mode.
+        features: (B, T, F) float features. feature_lens: (B,) integer valid frames.
+        options: the method and its knobs (default: greedy search, one symbol per frame).
+    Returns:
+        B token-id lists in the input order.
+    """
+    options = options or DecodingOptions()
+    encoder_out, encoder_out_lens = model.encode(features, feature_lens)
+    return decode_encoder_out(model, encoder_out, encoder_out_lens, options)

@@ -1,0 +1,83 @@
+"""Values that follow training progress: the batch count, scheduled floats and warm-up fractions.
+
+The training loop writes the batch count into a model with :func:`set_batch_count`; every module with a
+``batch_count`` attribute reads it from there:
+
+* the Transducer turns it into the Conformer's model warm-up and the pruned loss's scale warm-up, both
+  :func:`warmup_fraction` (k2-fsa/icefall ``egs/librispeech/ASR/pruned_transducer_stateless2/train.py``
+  and ``zipformer/train.py``);
+* the Zipformer's :class:`ScheduledFloat` values (dropout rates, balancer probabilities, layer skipping)
+  follow it piecewise-linearly (k2-fsa/icefall ``egs/librispeech/ASR/zipformer/scaling.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+from torch import nn
+
+__all__ = ["FloatLike", "ScheduledFloat", "set_batch_count", "warmup_fraction"]
+
+
+def warmup_fraction(batch_count: float, warmup_batches: float) -> float:
+    """``min(1, batch_count / warmup_batches)``: rises linearly 0 -> 1 over the warm-up, then stays at 1.
+
+    ``warmup_batches <= 0`` means no warm-up (always 1.0).
+
+    Raises:
+        ValueError: a negative ``batch_count``.
+    """
+    if batch_count < 0:
+        raise ValueError(f"batch_count must be >= 0, got {batch_count}")
+    if warmup_batches <= 0:
+        return 1.0
+    return min(1.0, batch_count / warmup_batches)
+
+
+class ScheduledFloat(nn.Module):
+    """A float that is a piecewise-linear function of the training batch count.
+
+    ``ScheduledFloat((0.0, 0.5), (4000.0, 0.02), default=0.0)`` goes from 0.5 at batch 0 to 0.02 at batch 4000
+    and stays there. ``float(sf)`` returns ``default`` in eval mode or while ``batch_count`` is unset, as in
+    icefall. It is an ``nn.Module`` (without parameters) so that ``model.train()/eval()`` and
+    :func:`set_batch_count` reach it through ``model.modules()``.
+    """
+
+    def __init__(self, *points: Tuple[float, float], default: float = 0.0):
+        super().__init__()
+        if not points:
+            raise ValueError("ScheduledFloat needs at least one (batch, value) point")
+        pts = sorted((float(b), float(v)) for b, v in points)
+        self.points = pts
+        self.default = float(default)
+        self.batch_count: Optional[float] = None
+
+    def value_at(self, batch_count: float) -> float:
+        pts = self.points
+        if batch_count <= pts[0][0]:
+            return pts[0][1]
+        if batch_count >= pts[-1][0]:
+            return pts[-1][1]
+        for (x0, y0), (x1, y1) in zip(pts[:-1], pts[1:]):
+            if x0 <= batch_count <= x1:
+                return y0 + (batch_count - x0) / (x1 - x0) * (y1 - y0)
+        raise AssertionError("unreachable")
+
+    def __float__(self) -> float:
+        if self.batch_count is None or not self.training:
+            return self.default
+        return self.value_at(self.batch_count)
+
+    def extra_repr(self) -> str:
+        return f"points={self.points}, default={self.default}, batch_count={self.batch_count}"
+
+
+FloatLike = Union[float, ScheduledFloat]
+
+
+def set_batch_count(model: nn.Module, batch_count: float) -> None:
+    """Write ``batch_count`` (as a float) into every module of ``model`` that has a ``batch_count`` attribute:
+    the Transducer (its warm-ups) and every :class:`ScheduledFloat`."""
+    for m in model.modules():
+        if hasattr(m, "batch_count"):
+            m.batch_count = float(batch_count)
