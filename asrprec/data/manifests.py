@@ -32,7 +32,7 @@ def load_cuts(path: Path | str, *, lazy: bool = True, hint: str = "run the data 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; fix: {hint}")
-    return lhotse.load_manifest_lazy(path) if lazy else lhotse.CutSet.from_file(path)
+    return lhotse.load_manifest_lazy(path) if lazy else lhotse.CutSet.from_file(path).to_eager()
 
 
 @contextlib.contextmanager
