@@ -230,14 +230,15 @@ def filter_durations(cuts: Any, min_s: float, max_s: float) -> Any:
     return filter_by_duration(cuts, min_s, max_s)
 
 
-def noise_mix_transform(config: NoiseMixConfig, *, on_the_fly_feats: bool) -> Any:
-    """lhotse ``CutMix`` over the noise cuts of ``config`` (read eagerly: MUSAN's windows are ~40k small cuts).
+def noise_mix_transform(config: NoiseMixConfig, *, on_the_fly_feats: bool, seed: int | str = "randomized") -> Any:
+    """lhotse ``CutMix`` over the noise cuts of ``config`` (read eagerly: MUSAN's 109 h make ~40k windows of 10 s).
 
     Each mixed cut keeps its id and its duration (``pad_to_longest=False``): icefall's CutMix pads every cut of a
     batch with noise to the longest, but then passes the supervision's own frame count as the encoder length
     (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, ``supervisions["num_frames"]``), so the padding is
-    never seen; our batches take lengths from the cuts, and this keeps them the same. The noise choice and SNR
-    draw come from lhotse's per-worker seed (``seed="randomized"``, set by ``make_worker_init_fn``).
+    never seen; our batches take lengths from the cuts, and this keeps them the same. ``seed``: the noise choices
+    and SNR draws; ``"randomized"`` takes each dataloader worker's own seed (set by lhotse's
+    ``make_worker_init_fn``), so that workers do not repeat each other's noise.
     """
     from lhotse.dataset import CutMix
 
@@ -253,7 +254,7 @@ def noise_mix_transform(config: NoiseMixConfig, *, on_the_fly_feats: bool) -> An
     if not on_the_fly_feats and not first.has_features:
         raise ValueError(f"noise cut {first.id!r} in {config.cuts_path} has no features, which precomputed-feature "
                          f"training mixes; fix: compute its fbank (asrprec.data.compute_fbank) or use on_the_fly_feats")
-    return CutMix(cuts=noise, p=config.p, snr=config.snr_db, pad_to_longest=False, preserve_id=True, seed="randomized")
+    return CutMix(cuts=noise, p=config.p, snr=config.snr_db, pad_to_longest=False, preserve_id=True, seed=seed)
 
 
 class AsrDataModule:
@@ -315,7 +316,10 @@ class AsrDataModule:
             on_the_fly_feats=c.on_the_fly_feats,
             spec_augment=self._spec_augment() if c.spec_augment else None,
             num_mel_bins=c.num_mel_bins,
-            cut_transforms=[noise_mix_transform(c.noise_mix, on_the_fly_feats=c.on_the_fly_feats)] if c.noise_mix else (),
+            cut_transforms=[noise_mix_transform(c.noise_mix, on_the_fly_feats=c.on_the_fly_feats,
+                                                # in this process without workers: the run's seed
+                                                seed="randomized" if c.num_workers > 0 else c.seed)]
+            if c.noise_mix else (),
         )
         return self._loader(dataset, sampler, seed=c.seed)
 

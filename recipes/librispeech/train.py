@@ -24,7 +24,7 @@ from asrprec.data.corpora import LIBRISPEECH_TRAIN_PARTS, PreparedData
 from asrprec.models import count_parameters
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
-from asrprec.training import get_world_size, seed_everything, train
+from asrprec.training import is_main_process, seed_everything, train
 from asrprec.training.cli import (
     add_model_args, add_precision_args, add_training_args, build_model_from_args, resolve_device, setup_logging,
     train_config_from_args,
@@ -32,6 +32,9 @@ from asrprec.training.cli import (
 
 HERE = Path(__file__).resolve().parent
 PREPARE_HINT = "run python recipes/librispeech/prepare.py with the same --subset and --data-dir"
+# The Zipformer's schedules count audio, not batches: icefall's get_adjusted_batch_count feeds them
+# batches x max-duration x world size / 600 s (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, --ref-duration)
+ICEFALL_REF_DURATION = 600.0
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -49,18 +52,13 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-spec-augment", dest="spec_augment", action="store_false")
     p.add_argument("--spec-aug-time-warp-factor", type=int, default=80, help="0 = no time warping")
     p.add_argument("--no-musan", dest="musan", action="store_false", help="no MUSAN noise mixing")
-    # Zipformer schedules count audio, not batches: batch count x max-duration x GPUs / ref-duration (icefall's
-    # get_adjusted_batch_count with --ref-duration 600)
-    p.add_argument("--ref-duration", type=float, default=600.0,
-                   help="seconds of audio per schedule step of the encoder (default encoder schedule scale = "
-                        "max-duration x world size / ref-duration)")
     add_precision_args(p)
     add_model_args(p, encoder="zipformer", size="medium")
     p.set_defaults(loss="pruned", loss_warmup_batches=2000)  # icefall: pruned loss, warm_step 2000
     add_training_args(p, exp_dir=str(HERE / "exp" / "default"), num_epochs=30, optimizer="scaled_adam",
                       base_lr=0.045, lr_batches=7500, lr_epochs=3.5, warmup_batches=500, log_interval=50,
                       valid_interval=3000, save_every_n=4000, keep_last_k=30, average_period=200)
-    p.set_defaults(encoder_schedule_scale=None)  # derived from --ref-duration unless given
+    p.set_defaults(encoder_schedule_scale=None)  # max-duration / ICEFALL_REF_DURATION unless given
     return p
 
 
@@ -94,7 +92,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.encoder_schedule_scale is None:
-        args.encoder_schedule_scale = args.max_duration * get_world_size() / args.ref_duration
+        args.encoder_schedule_scale = args.max_duration / ICEFALL_REF_DURATION
     cfg = train_config_from_args(args)
     seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
     data = PreparedData(args.data_dir)
@@ -104,11 +102,13 @@ def main() -> None:
     loaders = AsrDataModule(data_config(args, data))
     model, model_config = build_model_from_args(args, tokenizer)
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
-    (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
-    print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
+    if is_main_process():
+        (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
+        print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
     state = train(model=model, policy=policy, tokenizer=tokenizer, train_dl=loaders.train_dataloader(train_cuts),
                   valid_dl=loaders.valid_dataloader(valid_cuts), cfg=cfg, config_for_checkpoint={"model": model_config})
-    (exp_dir / "history.json").write_text(json.dumps(state.history, indent=1))
+    if is_main_process():
+        (exp_dir / "history.json").write_text(json.dumps(state.history, indent=1))
 
 
 if __name__ == "__main__":
