@@ -215,8 +215,9 @@ class _DurationFilter:
             self.dropped.add(cut.id)
             n = len(self.dropped)
             if n <= self.named:
+                more = " (further drops are counted every 1000)" if n == self.named else ""
                 log.warning("dropped cut %s from training: %.3f s is outside %.2f-%.2f s%s", cut.id, cut.duration,
-                            self.min_s, self.max_s, " (further drops are counted every 1000)" if n == self.named else "")
+                            self.min_s, self.max_s, more)
             elif n % 1000 == 0:
                 log.warning("dropped %d cuts outside %.2f-%.2f s so far", n, self.min_s, self.max_s)
         return False
@@ -306,8 +307,8 @@ class AsrDataModule:
         c = self.config
         cuts = filter_durations(cuts, c.min_cut_s, c.max_cut_s)
         sampler = _bucketing_sampler(
-            cuts, max_duration=c.max_duration, shuffle=c.shuffle, num_buckets=c.num_buckets, drop_last=c.drop_last, seed=c.seed,
-            buffer_size=c.bucketing_buffer_size, shuffle_buffer_size=c.shuffle_buffer_size,
+            cuts, max_duration=c.max_duration, shuffle=c.shuffle, num_buckets=c.num_buckets, drop_last=c.drop_last,
+            seed=c.seed, buffer_size=c.bucketing_buffer_size, shuffle_buffer_size=c.shuffle_buffer_size,
         )
         if sampler_state is not None:
             sampler.load_state_dict(sampler_state)

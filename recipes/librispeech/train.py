@@ -98,13 +98,15 @@ def main() -> None:
     data = PreparedData(args.data_dir)
     tokenizer = Tokenizer(args.bpe_model or data.bpe_model(500))
     train_cuts = load_part(args, data, data.train_part(args.subset), lazy=True)
-    valid_cuts = (load_part(args, data, "dev-clean", lazy=False) + load_part(args, data, "dev-other", lazy=False)).to_eager()
+    valid_cuts = (load_part(args, data, "dev-clean", lazy=False)
+                  + load_part(args, data, "dev-other", lazy=False)).to_eager()
     loaders = AsrDataModule(data_config(args, data))
     model, model_config = build_model_from_args(args, tokenizer)
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
     if is_main_process():
         (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
-        print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
+        print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; "
+              f"precision: {policy.describe()}")
     state = train(model=model, policy=policy, tokenizer=tokenizer, train_dl=loaders.train_dataloader(train_cuts),
                   valid_dl=loaders.valid_dataloader(valid_cuts), cfg=cfg, config_for_checkpoint={"model": model_config})
     if is_main_process():

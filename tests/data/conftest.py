@@ -30,8 +30,8 @@ def tiny_fbank(tiny_corpus, tmp_path_factory):
 # LibriSpeech's on-disk layout (what openslr's archives unpack to), filled with the tiny corpus' audio:
 # <root>/LibriSpeech/<part>/<speaker>/<chapter>/<speaker>-<chapter>-<utt>.flac and <speaker>-<chapter>.trans.txt.
 # Train gets all 12 training utterances; each dev and test part two of the four dev / test ones.
-LIBRISPEECH_FIXTURE_PARTS = {"train-clean-100": ("train", 0, 12), "dev-clean": ("dev", 0, 2), "dev-other": ("dev", 2, 4),
-                             "test-clean": ("test", 0, 2), "test-other": ("test", 2, 4)}
+LIBRISPEECH_FIXTURE_PARTS = {"train-clean-100": ("train", 0, 12), "dev-clean": ("dev", 0, 2),
+                             "dev-other": ("dev", 2, 4), "test-clean": ("test", 0, 2), "test-other": ("test", 2, 4)}
 
 
 def write_librispeech_layout(root, cuts_by_split):
@@ -66,14 +66,15 @@ def write_musan_layout(root, seconds=12.0, sample_rate=16000):
     t = np.arange(n) / sample_rate
     signals = {
         ("music", "fma", "music-fma-0000"): sum(np.sin(2 * np.pi * f * t) for f in (220.0, 277.2, 329.6)) / 3,
-        ("speech", "librivox", "speech-librivox-0000"): make_noise(n, rng, color="pink") * (1 + np.sin(2 * np.pi * 3 * t)) / 2,
+        ("speech", "librivox", "speech-librivox-0000"): make_noise(n, rng, color="pink") * (1 + np.sin(6 * np.pi * t)) / 2,
         ("noise", "free-sound", "noise-free-sound-0000"): make_noise(n, rng),
     }
     paths = {}
     for (part, source, name), x in signals.items():
         folder = root / "musan" / part / source
         folder.mkdir(parents=True, exist_ok=True)
-        sf.write(str(folder / f"{name}.wav"), (0.1 * x / np.max(np.abs(x))).astype(np.float32), sample_rate, subtype="PCM_16")
+        x = (0.1 * x / np.max(np.abs(x))).astype(np.float32)
+        sf.write(str(folder / f"{name}.wav"), x, sample_rate, subtype="PCM_16")
         paths[part] = folder / f"{name}.wav"
     (root / "musan" / "music" / "fma" / "ANNOTATIONS").write_text("music-fma-0000 classical N synthetic\n")
     return paths
@@ -81,7 +82,8 @@ def write_musan_layout(root, seconds=12.0, sample_rate=16000):
 
 @pytest.fixture(scope="session")
 def corpus_layouts(tiny_corpus, tmp_path_factory):
-    """``(root, written)``: LibriSpeech and MUSAN fixtures side by side in ``root`` (as lhotse's downloaders leave them)."""
+    """``(root, written)``: LibriSpeech and MUSAN fixtures side by side in ``root`` (as lhotse's downloaders
+    leave them)."""
     _, cuts = tiny_corpus
     root = tmp_path_factory.mktemp("corpora")
     written = write_librispeech_layout(root, cuts)

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from asrprec.data import compute_fbank_lazy, fbank_extractor, load_cuts, shuffle_manifests, speed_perturbed, write_cuts
+from asrprec.data import (
+    OnTheFlyFbank, compute_fbank_lazy, fbank_extractor, load_cuts, shuffle_manifests, speed_perturbed, write_cuts,
+)
+from asrprec.data.features import num_frames
 from asrprec.data import corpora
 from asrprec.data.corpora import PreparedData
 
@@ -130,6 +133,9 @@ def test_speed_perturbation_resamples_by_the_factor(tmp_path):
             audio = cut.load_audio()[0]
             assert audio.shape == (cut.num_samples,)
             assert _peak_hz(audio[: 8000]) == pytest.approx(440.0 * factor, abs=1.0)
+        # on-the-fly features of the perturbed audio: Kaldi's frame count for its length (snip_edges=False)
+        feats, feat_lens = OnTheFlyFbank()(lhotse.CutSet.from_cuts(out))
+        assert feat_lens.tolist() == [num_frames(c.num_samples) for c in out] and feats.shape[2] == 80
     with pytest.raises(ValueError, match="not 1.0"):
         speed_perturbed(cuts, (1.0,))
     with pytest.raises(ValueError, match="distinct"):
