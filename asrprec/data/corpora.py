@@ -55,7 +55,12 @@ def librispeech_root(corpus_dir: Path | str) -> Path:
 
 
 def _part_on_disk(part_dir: Path) -> bool:
-    return part_dir.is_dir() and next(part_dir.rglob("*.trans.txt"), None) is not None
+    """A part holds transcripts, and is not an unpacking of lhotse's that was interrupted (its archive is still
+    next to LibriSpeech/ without the ``.completed`` marker lhotse writes when unpacking ends)."""
+    if not part_dir.is_dir() or next(part_dir.rglob("*.trans.txt"), None) is None:
+        return False
+    archive = part_dir.parent.parent / f"{part_dir.name}.tar.gz"
+    return not archive.is_file() or (part_dir / ".completed").is_file()
 
 
 def missing_librispeech_parts(corpus_dir: Path | str, parts: Sequence[str]) -> list[str]:
@@ -91,6 +96,9 @@ def musan_root(corpus_dir: Path | str) -> Path:
 
 
 def _musan_on_disk(root: Path) -> bool:
+    """Music, speech and noise hold audio, and it is not an interrupted unpacking of lhotse's (as above)."""
+    if (root.parent / "musan.tar.gz").is_file() and not (root.parent / ".musan_completed").is_file():
+        return False
     return all((root / p).is_dir() and next((root / p).rglob("*.wav"), None) is not None for p in MUSAN_PARTS)
 
 

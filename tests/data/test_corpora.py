@@ -82,6 +82,15 @@ def test_download_skips_what_is_on_disk(corpus_layouts, monkeypatch):
     assert calls == [("librispeech", {"target_dir": root, "dataset_parts": ["train-clean-360"]})]
     assert corpora.missing_librispeech_parts(root, corpora.librispeech_parts("960h")) == ["train-clean-360",
                                                                                           "train-other-500"]
+    # lhotse's own unpacking, interrupted: its archive without its .completed marker -> fetched again
+    (root / "dev-other.tar.gz").write_bytes(b"")
+    try:
+        assert corpora.missing_librispeech_parts(root, PARTS) == ["dev-other"]
+        (root / "LibriSpeech" / "dev-other" / ".completed").touch()
+        assert corpora.missing_librispeech_parts(root, PARTS) == []
+    finally:
+        (root / "dev-other.tar.gz").unlink()
+        (root / "LibriSpeech" / "dev-other" / ".completed").unlink()
     with pytest.raises(ValueError, match="unknown LibriSpeech parts"):
         corpora.download_librispeech(root, ["train-clean-1000"])
     with pytest.raises(ValueError, match="subset"):
