@@ -6,7 +6,10 @@ the corpus generator's spawn workers start without importing torch or lhotse.
 * :func:`generate_corpus`, :func:`load_corpus` — :mod:`asrprec.data.synthetic`
 * :func:`compute_fbank`, :func:`compute_corpus_fbank`, :class:`OnTheFlyFbank`, :func:`load_fbank_cuts` — :mod:`asrprec.data.features`
 * :func:`validate_cuts`, :func:`filter_by_duration` — :mod:`asrprec.data.validate`
-* :class:`DataConfig`, :class:`SpecAugmentConfig`, :class:`AsrDataModule` — :mod:`asrprec.data.datamodule`
+* :class:`DataConfig`, :class:`SpecAugmentConfig`, :class:`NoiseMixConfig`, :class:`AsrDataModule` — :mod:`asrprec.data.datamodule`
+* :func:`compute_fbank_lazy` — :mod:`asrprec.data.features`
+* :func:`load_cuts`, :func:`write_cuts`, :func:`speed_perturbed`, :func:`shuffle_manifests` — :mod:`asrprec.data.manifests`
+* LibriSpeech and MUSAN download and manifests (lhotse's recipes) — :mod:`asrprec.data.corpora`
 * :func:`resample_poly` — :mod:`asrprec.data.resample`
 """
 
@@ -29,6 +32,12 @@ _EXPORTS = {
     "DataConfig": "datamodule",
     "SpecAugmentConfig": "datamodule",
     "AsrDataModule": "datamodule",
+    "NoiseMixConfig": "datamodule",
+    "compute_fbank_lazy": "features",
+    "load_cuts": "manifests",
+    "write_cuts": "manifests",
+    "speed_perturbed": "manifests",
+    "shuffle_manifests": "manifests",
     "resample_poly": "resample",
 }
 

@@ -1,8 +1,11 @@
-"""Dataloaders over lhotse CutSets: dynamic bucketing by duration, fbank features, SpecAugment.
+"""Dataloaders over lhotse CutSets: dynamic bucketing by duration, fbank features, SpecAugment, noise mixing.
 
 Follows icefall ``egs/librispeech/ASR/zipformer/asr_datamodule.py`` in substance
 (``DynamicBucketingSampler(max_duration)``, ``batch_size=None`` dataloaders, SpecAugment on the
 training set only, unshuffled dev/test) with our own small dataset class and a typed config.
+Optional for any recipe through :class:`DataConfig`: MUSAN-style noise mixing of the training cuts (lhotse
+``CutMix``, :class:`NoiseMixConfig`) and lazily read manifests (``lhotse.load_manifest_lazy``; filtered and
+bucketed without being read whole).
 
 A batch is a dict (legend: B cuts, T feature frames, F = 80 mel bins):
 
@@ -20,7 +23,7 @@ import dataclasses
 import logging
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -44,6 +47,30 @@ class SpecAugmentConfig:
 
 
 @dataclass
+class NoiseMixConfig:
+    """lhotse ``CutMix`` of training cuts with noise cuts (MUSAN in icefall's recipes): each cut gets noise with
+    probability ``p``, at a signal-to-noise ratio drawn uniformly from ``snr_db`` (``(low, high)`` in dB).
+
+    ``cuts_path``: a CutSet manifest of noise cuts (e.g. :func:`asrprec.data.corpora.musan_noise_cuts` after
+    :func:`asrprec.data.compute_fbank`). With precomputed features the noise cuts need features (lhotse mixes
+    in the mel-energy domain); with on-the-fly features they need audio (lhotse mixes the waveforms).
+    """
+
+    cuts_path: str
+    p: float = 0.5
+    snr_db: tuple[float, float] = (10.0, 20.0)
+
+    def __post_init__(self) -> None:
+        self.cuts_path = str(self.cuts_path)
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"noise mixing probability p must be in [0, 1], got {self.p}")
+        snr = tuple(float(v) for v in self.snr_db)
+        if len(snr) != 2 or snr[0] > snr[1]:
+            raise ValueError(f"snr_db must be a (low, high) pair in dB with low <= high, got {self.snr_db}")
+        self.snr_db = snr
+
+
+@dataclass
 class DataConfig:
     """How batches are made. ``max_duration``: seconds of audio per batch; ``num_buckets=1`` means no
     bucketing (lhotse's ``SimpleCutSampler``); durations outside
@@ -61,10 +88,21 @@ class DataConfig:
     min_cut_s: float = 0.5
     max_cut_s: float = 20.0
     num_mel_bins: int = 80
+    # noise mixing of training cuts (lhotse CutMix); None = off
+    noise_mix: NoiseMixConfig | None = None
+    # DynamicBucketingSampler's look-ahead for estimating buckets and its shuffle buffer (cuts); None = lhotse's
+    # defaults. They matter for lazily read manifests, where a sampler sees only this many cuts at a time.
+    bucketing_buffer_size: int | None = None
+    shuffle_buffer_size: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.spec_augment_config, dict):
             self.spec_augment_config = _from_dict(SpecAugmentConfig, self.spec_augment_config)
+        if isinstance(self.noise_mix, dict):
+            self.noise_mix = _from_dict(NoiseMixConfig, self.noise_mix)
+        for name in ("bucketing_buffer_size", "shuffle_buffer_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (or None for lhotse's default), got {getattr(self, name)}")
         if self.max_duration <= 0:
             raise ValueError(f"max_duration must be > 0 seconds, got {self.max_duration}")
         if self.num_buckets < 1:
@@ -89,9 +127,12 @@ def _from_dict(cls: type, d: dict[str, Any]) -> Any:
 class AsrDataset(torch.utils.data.Dataset):
     """Maps a CutSet (one sampler batch) to the batch dict described in the module doc."""
 
-    def __init__(self, *, on_the_fly_feats: bool, spec_augment: Any | None = None, num_mel_bins: int = 80) -> None:
+    def __init__(self, *, on_the_fly_feats: bool, spec_augment: Any | None = None, num_mel_bins: int = 80,
+                 cut_transforms: Sequence[Callable[[Any], Any]] = ()) -> None:
         super().__init__()
         self.spec_augment = spec_augment
+        # CutSet -> CutSet transforms applied before features are read (lhotse CutMix: noise mixing)
+        self.cut_transforms = list(cut_transforms)
         self.otf = None
         if on_the_fly_feats:
             from asrprec.data.features import OnTheFlyFbank
@@ -102,6 +143,8 @@ class AsrDataset(torch.utils.data.Dataset):
         from lhotse.dataset.collation import collate_features
 
         cuts = cuts.sort_by_duration(ascending=False)
+        for transform in self.cut_transforms:
+            cuts = transform(cuts)
         if self.otf is not None:
             features, feature_lens = self.otf(cuts)
         else:
@@ -130,17 +173,89 @@ class AsrDataset(torch.utils.data.Dataset):
         }
 
 
-def _bucketing_sampler(cuts: Any, *, num_buckets: int, **kwargs: Any) -> Any:
-    """DynamicBucketingSampler, or SimpleCutSampler for one bucket (lhotse's bucketing needs at least two)."""
+def _bucketing_sampler(cuts: Any, *, num_buckets: int, buffer_size: int | None = None,
+                       shuffle_buffer_size: int | None = None, **kwargs: Any) -> Any:
+    """DynamicBucketingSampler, or SimpleCutSampler for one bucket (lhotse's bucketing needs at least two).
+
+    An eager CutSet smaller than ``num_buckets`` gets one bucket per cut at most; a lazy one is not counted
+    (that would read the whole manifest)."""
     from lhotse.dataset import DynamicBucketingSampler, SimpleCutSampler
 
-    num_buckets = min(num_buckets, len(cuts))
+    if not _is_lazy(cuts):
+        num_buckets = min(num_buckets, len(cuts))
     if num_buckets <= 1:
         return SimpleCutSampler(cuts, **kwargs)
+    buffers = {k: v for k, v in (("buffer_size", buffer_size), ("shuffle_buffer_size", shuffle_buffer_size))
+               if v is not None}
     with warnings.catch_warnings():
         # lhotse suggests lazy CutSets for memory; our corpora are small and eager on purpose
         warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
-        return DynamicBucketingSampler(cuts, num_buckets=num_buckets, **kwargs)
+        return DynamicBucketingSampler(cuts, num_buckets=num_buckets, **buffers, **kwargs)
+
+
+def _is_lazy(cuts: Any) -> bool:
+    return bool(getattr(cuts, "is_lazy", False))
+
+
+class _DurationFilter:
+    """Keep cuts with ``min_s <= duration <= max_s``, logging what it drops (named for the first few, then
+    counted). For lazily read CutSets, which cannot be counted up front without reading them whole; a lazy set
+    is filtered again on every pass over it, so each cut is reported once."""
+
+    def __init__(self, min_s: float, max_s: float, named: int = 10) -> None:
+        if min_s > max_s:
+            raise ValueError(f"min duration {min_s} s is above max duration {max_s} s")
+        self.min_s, self.max_s, self.named = min_s, max_s, named
+        self.dropped: set[str] = set()
+
+    def __call__(self, cut: Any) -> bool:
+        if self.min_s <= cut.duration <= self.max_s:
+            return True
+        if cut.id not in self.dropped:
+            self.dropped.add(cut.id)
+            n = len(self.dropped)
+            if n <= self.named:
+                more = " (further drops are counted every 1000)" if n == self.named else ""
+                log.warning("dropped cut %s from training: %.3f s is outside %.2f-%.2f s%s", cut.id, cut.duration,
+                            self.min_s, self.max_s, more)
+            elif n % 1000 == 0:
+                log.warning("dropped %d cuts outside %.2f-%.2f s so far", n, self.min_s, self.max_s)
+        return False
+
+
+def filter_durations(cuts: Any, min_s: float, max_s: float) -> Any:
+    """Training cuts within [``min_s``, ``max_s``] seconds: an eager CutSet is filtered at once (with a count,
+    :func:`asrprec.data.validate.filter_by_duration`), a lazy one lazily (drops logged as they are met)."""
+    if _is_lazy(cuts):
+        return cuts.filter(_DurationFilter(min_s, max_s))
+    return filter_by_duration(cuts, min_s, max_s)
+
+
+def noise_mix_transform(config: NoiseMixConfig, *, on_the_fly_feats: bool, seed: int | str = "randomized") -> Any:
+    """lhotse ``CutMix`` over the noise cuts of ``config`` (read eagerly: MUSAN's 109 h make ~40k windows of 10 s).
+
+    Each mixed cut keeps its id and its duration (``pad_to_longest=False``): icefall's CutMix pads every cut of a
+    batch with noise to the longest, but then passes the supervision's own frame count as the encoder length
+    (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, ``supervisions["num_frames"]``), so the padding is
+    never seen; our batches take lengths from the cuts, and this keeps them the same. ``seed``: the noise choices
+    and SNR draws; ``"randomized"`` takes each dataloader worker's own seed (set by lhotse's
+    ``make_worker_init_fn``), so that workers do not repeat each other's noise.
+    """
+    from lhotse.dataset import CutMix
+
+    from asrprec.data.manifests import load_cuts
+
+    noise = load_cuts(config.cuts_path, lazy=False, hint="prepare the noise cuts (e.g. the recipe's MUSAN stage)")
+    if len(noise) == 0:
+        raise ValueError(f"{config.cuts_path} holds no noise cuts; fix: re-run the noise preparation")
+    first = noise[0]
+    if on_the_fly_feats and not first.has_recording:
+        raise ValueError(f"noise cut {first.id!r} in {config.cuts_path} has no audio, which on-the-fly features need "
+                         f"to mix waveforms; fix: use noise cuts made from recordings")
+    if not on_the_fly_feats and not first.has_features:
+        raise ValueError(f"noise cut {first.id!r} in {config.cuts_path} has no features, which precomputed-feature "
+                         f"training mixes; fix: compute its fbank (asrprec.data.compute_fbank) or use on_the_fly_feats")
+    return CutMix(cuts=noise, p=config.p, snr=config.snr_db, pad_to_longest=False, preserve_id=True, seed=seed)
 
 
 class AsrDataModule:
@@ -190,9 +305,10 @@ class AsrDataModule:
         Call ``loader.sampler.set_epoch(epoch)`` at the start of each epoch for a new shuffle.
         """
         c = self.config
-        cuts = filter_by_duration(cuts, c.min_cut_s, c.max_cut_s)
+        cuts = filter_durations(cuts, c.min_cut_s, c.max_cut_s)
         sampler = _bucketing_sampler(
-            cuts, max_duration=c.max_duration, shuffle=c.shuffle, num_buckets=c.num_buckets, drop_last=c.drop_last, seed=c.seed
+            cuts, max_duration=c.max_duration, shuffle=c.shuffle, num_buckets=c.num_buckets, drop_last=c.drop_last,
+            seed=c.seed, buffer_size=c.bucketing_buffer_size, shuffle_buffer_size=c.shuffle_buffer_size,
         )
         if sampler_state is not None:
             sampler.load_state_dict(sampler_state)
@@ -201,6 +317,10 @@ class AsrDataModule:
             on_the_fly_feats=c.on_the_fly_feats,
             spec_augment=self._spec_augment() if c.spec_augment else None,
             num_mel_bins=c.num_mel_bins,
+            cut_transforms=[noise_mix_transform(c.noise_mix, on_the_fly_feats=c.on_the_fly_feats,
+                                                # in this process without workers: the run's seed
+                                                seed="randomized" if c.num_workers > 0 else c.seed)]
+            if c.noise_mix else (),
         )
         return self._loader(dataset, sampler, seed=c.seed)
 
@@ -212,7 +332,8 @@ class AsrDataModule:
 
     def _eval_loader(self, cuts: Any) -> torch.utils.data.DataLoader:
         c = self.config
-        sampler = _bucketing_sampler(cuts, max_duration=c.max_duration, shuffle=False, num_buckets=c.num_buckets)
+        sampler = _bucketing_sampler(cuts, max_duration=c.max_duration, shuffle=False, num_buckets=c.num_buckets,
+                                     buffer_size=c.bucketing_buffer_size)
         dataset = AsrDataset(on_the_fly_feats=c.on_the_fly_feats, spec_augment=None, num_mel_bins=c.num_mel_bins)
         return self._loader(dataset, sampler, seed=None)
 

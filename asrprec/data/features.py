@@ -136,6 +136,56 @@ def compute_corpus_fbank(cuts_by_split: dict[str, Any], out_dir: Path | str, *, 
             executor.shutdown()
 
 
+def compute_fbank_lazy(
+    cuts: Any,
+    storage_dir: Path | str,
+    manifest_path: Path | str,
+    *,
+    chunk_size: int = 20000,
+    num_jobs: int = 2,
+    num_mel_bins: int = NUM_MEL_BINS,
+) -> Any:
+    """:func:`compute_fbank` for a CutSet too large for memory (e.g. lazily read): ``chunk_size`` cuts at a time.
+
+    Chunk ``i``'s arrays go to ``storage_dir/chunk-<i>`` and its manifest to ``storage_dir/chunk-<i>.jsonl.gz``; a
+    rerun after an interruption reuses the chunks already done (the chunking follows the order of ``cuts``, so the
+    input must be the same). At the end the chunk manifests are joined into ``manifest_path`` (written
+    atomically). When ``manifest_path`` exists nothing is computed. Returns the result opened lazily.
+    """
+    import itertools
+
+    lhotse = require("lhotse")
+    from asrprec.data.manifests import write_cuts
+
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    manifest_path, storage_dir = Path(manifest_path), Path(storage_dir)
+    if manifest_path.is_file():
+        log.info("features in %s exist; not recomputing (delete the file to recompute)", manifest_path)
+        return lhotse.load_manifest_lazy(manifest_path)
+    storage_dir.mkdir(parents=True, exist_ok=True)
+    chunk_manifests = []
+    executor = fbank_executor(num_jobs) if num_jobs > 1 else None
+    try:
+        it = iter(cuts)
+        for i in itertools.count():
+            chunk = list(itertools.islice(it, chunk_size))
+            if not chunk:
+                break
+            path = storage_dir / f"chunk-{i:05d}.jsonl.gz"
+            compute_fbank(lhotse.CutSet.from_cuts(chunk), storage_dir / f"chunk-{i:05d}", path, num_jobs=num_jobs,
+                          num_mel_bins=num_mel_bins, executor=executor)
+            chunk_manifests.append(path)
+    finally:
+        if executor is not None:
+            executor.shutdown()
+    n = write_cuts((c for p in chunk_manifests for c in lhotse.load_manifest_lazy(p)), manifest_path)
+    for p in chunk_manifests:
+        p.unlink()
+    log.info("fbank of %d cuts in %d chunks -> %s", n, len(chunk_manifests), manifest_path)
+    return lhotse.load_manifest_lazy(manifest_path)
+
+
 class OnTheFlyFbank:
     """Callable ``cuts -> (features (B, T, F) float32, feature_lens (B,) int64)`` computed from audio, as an fp32 island.
 

@@ -92,6 +92,28 @@ def encoder_overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
+def build_model_from_args(args: argparse.Namespace, tokenizer, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    """The transducer the flags of :func:`add_model_args` describe, for ``tokenizer``'s vocabulary, and its config
+    for ``model.json``: the encoder's resolved fields (preset + overrides), so that decoding rebuilds this
+    architecture even if the preset changes later. ``kwargs`` go to ``build_transducer`` (e.g.
+    ``model_warmup_batches``)."""
+    from asrprec.models import LossConfig, build_transducer, resolved_encoder_overrides
+
+    model = build_transducer(
+        encoder=args.encoder, size=args.size, vocab_size=tokenizer.vocab_size, blank_id=tokenizer.blank_id,
+        context_size=args.context_size, encoder_overrides=encoder_overrides_from_args(args),
+        loss=LossConfig(loss=args.loss, joint_mode=args.joint_mode, backend=args.loss_backend,
+                        prune_range=args.prune_range, loss_warmup_batches=args.loss_warmup_batches),
+        **kwargs,
+    )
+    model_config = {"encoder": args.encoder, "size": args.size, "vocab_size": tokenizer.vocab_size,
+                    "blank_id": tokenizer.blank_id, "context_size": args.context_size,
+                    "encoder_overrides": resolved_encoder_overrides(model),
+                    "loss": {"loss": args.loss, "joint_mode": args.joint_mode, "backend": args.loss_backend,
+                             "prune_range": args.prune_range}}
+    return model, model_config
+
+
 def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
     d = TrainConfig(**{"exp_dir": "exp", **defaults})
     p.add_argument("--exp-dir", default=d.exp_dir)

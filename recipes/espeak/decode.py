@@ -14,19 +14,14 @@ add --streaming to decode chunk by chunk with the encoder's caches, as a live st
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
-from asrprec.checkpoint import load_decoding_weights
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
-from asrprec.decoding import DecodingOptions, decode_dataset
-from asrprec.metrics import write_error_stats, write_recogs
-from asrprec.models import build_transducer, configure_streaming
-from asrprec.precision import get_policy
+from asrprec.decoding.experiment import decode_splits, load_for_decoding
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import add_decoding_args, add_precision_args, resolve_device, setup_logging
+from asrprec.training.cli import add_decoding_args, add_precision_args, setup_logging
 
 HERE = Path(__file__).resolve().parent
 
@@ -45,34 +40,13 @@ def get_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = get_parser().parse_args()
     setup_logging()
-    model_config = json.loads((args.exp_dir / "model.json").read_text())
-    model = build_transducer(**model_config)
-    print("weights:", load_decoding_weights(model, args.exp_dir, args.epoch, args.avg, args.use_averaged_model))
-    streaming_tag = configure_streaming(model, args.chunk_size, args.left_context_frames, args.streaming)
-    policy = get_policy(args.precision, resolve_device(args.device))
-    model = policy.prepare_for_inference(model)
+    setup = load_for_decoding(args.exp_dir, args)
+    print("weights:", setup.weights)
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
     cuts = load_fbank_cuts(args.data_dir)
     data = AsrDataModule(DataConfig(max_duration=args.max_duration))
-    tag = f"{args.decoding_method}-epoch-{args.epoch}-avg-{args.avg}-{args.precision}"
-    if args.use_averaged_model:
-        tag += "-use-averaged-model"
-    if args.decoding_method == "modified_beam_search":
-        tag += f"-beam-{args.beam_size}"
-    if streaming_tag:
-        tag += f"-{streaming_tag}"
-    options = DecodingOptions(method=args.decoding_method, beam=args.beam_size,
-                              max_sym_per_frame=args.max_sym_per_frame)
-    streaming = (args.chunk_size, args.left_context_frames) if args.streaming else None
-    summary = {}
-    for split in args.splits:
-        results, stats = decode_dataset(model, data.test_dataloader(cuts[split]), tokenizer, options, policy.device,
-                                        streaming=streaming)
-        write_recogs(args.exp_dir / f"recogs-{split}-{tag}.txt", results)
-        wer = write_error_stats(args.exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
-        summary[split] = {"wer": wer, **stats}
-        print(f"{split}: WER {wer:.2f}% ({tag}); RTFx {stats.get('rtfx', float('nan')):.1f}")
-    (args.exp_dir / f"wer-summary-{tag}.json").write_text(json.dumps(summary, indent=1))
+    decode_splits(setup, {split: data.test_dataloader(cuts[split]) for split in args.splits}, tokenizer, args,
+                  args.exp_dir)
 
 
 if __name__ == "__main__":

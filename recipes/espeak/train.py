@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
-from asrprec.models import LossConfig, build_transducer, count_parameters, resolved_encoder_overrides
+from asrprec.models import count_parameters
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
 from asrprec.training import seed_everything, train
 from asrprec.training.cli import (
-    add_model_args, add_precision_args, add_training_args, encoder_overrides_from_args, resolve_device, setup_logging,
+    add_model_args, add_precision_args, add_training_args, build_model_from_args, resolve_device, setup_logging,
     train_config_from_args,
 )
 
@@ -75,21 +75,8 @@ def main() -> None:
     cuts = load_fbank_cuts(args.data_dir)
     data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed,
                                  spec_augment=args.spec_augment))
-    model = build_transducer(
-        encoder=args.encoder, size=args.size, vocab_size=tokenizer.vocab_size, blank_id=tokenizer.blank_id,
-        context_size=args.context_size, encoder_overrides=encoder_overrides_from_args(args),
-        loss=LossConfig(loss=args.loss, joint_mode=args.joint_mode, backend=args.loss_backend,
-                        prune_range=args.prune_range, loss_warmup_batches=args.loss_warmup_batches),
-        model_warmup_batches=args.model_warmup_batches,
-    )
+    model, model_config = build_model_from_args(args, tokenizer, model_warmup_batches=args.model_warmup_batches)
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
-    # The encoder's resolved config (preset + overrides), so decode.py rebuilds this architecture even if the
-    # preset changes later.
-    model_config = {"encoder": args.encoder, "size": args.size, "vocab_size": tokenizer.vocab_size,
-                    "blank_id": tokenizer.blank_id, "context_size": args.context_size,
-                    "encoder_overrides": resolved_encoder_overrides(model),
-                    "loss": {"loss": args.loss, "joint_mode": args.joint_mode, "backend": args.loss_backend,
-                             "prune_range": args.prune_range}}
     (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
     print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
     state = train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),

@@ -1,0 +1,93 @@
+"""Manifests too large to hold in memory: lazy reading, streaming writes, speed perturbation, shuffled combination.
+
+LibriSpeech 960 h with 3x speed perturbation is 843k cuts; held as lhotse objects that is several GB per
+process (and a dataloader worker or a DDP rank each holds its own copy). Everything here streams: cuts are read
+from ``.jsonl.gz`` one at a time (``lhotse.load_manifest_lazy``) and written with lhotse's sequential writer.
+Every output file is written under a temporary name and renamed when complete, so a stage interrupted half-way
+never leaves a file that a rerun would take for finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from asrprec._optional import require
+
+log = logging.getLogger(__name__)
+
+# icefall's factors (k2-fsa/icefall egs/librispeech/ASR/local/compute_fbank_librispeech.py, --perturb-speed)
+SPEED_FACTORS = (0.9, 1.1)
+
+
+def load_cuts(path: Path | str, *, lazy: bool = True, hint: str = "run the data preparation first") -> Any:
+    """The CutSet in ``path``: read lazily (one cut at a time, as iterated) or eagerly. A missing file is a
+    FileNotFoundError naming it and ``hint`` (how to make it)."""
+    lhotse = require("lhotse")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; fix: {hint}")
+    return lhotse.load_manifest_lazy(path) if lazy else lhotse.CutSet.from_file(path).to_eager()
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it to ``path`` when the block ends without an exception
+    (and delete it when one is raised)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # keep the suffixes (.jsonl.gz): lhotse picks the format from them
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_cuts(cuts: Iterable[Any], path: Path | str) -> int:
+    """Stream ``cuts`` into the manifest ``path`` (atomically, see :func:`atomic_output`); return how many."""
+    lhotse = require("lhotse")
+    n = 0
+    with atomic_output(path) as tmp, lhotse.CutSet.open_writer(tmp) as writer:
+        for cut in cuts:
+            writer.write(cut)
+            n += 1
+    return n
+
+
+def speed_perturbed(cuts: Any, factors: Sequence[float] = SPEED_FACTORS) -> Any:
+    """``cuts`` followed by a copy of them at each speed ``factor`` (lhotse ``perturb_speed``: the audio is
+    resampled, so a cut of N samples becomes N / factor samples long and its pitch moves by ``factor``;
+    ids get the suffix ``_sp<factor>``). Lazy when ``cuts`` is."""
+    factors = tuple(float(f) for f in factors)
+    if any(not f > 0 or f == 1.0 for f in factors):
+        raise ValueError(f"speed factors must be positive and not 1.0 (the originals are kept anyway), got {factors}")
+    if len(set(factors)) != len(factors):
+        raise ValueError(f"speed factors must be distinct, got {factors}")
+    out = cuts
+    for f in factors:
+        out = out + cuts.perturb_speed(f)
+    return out
+
+
+def shuffle_manifests(paths: Sequence[Path | str], out_path: Path | str, *, seed: int = 0) -> int:
+    """Concatenate the ``.jsonl.gz`` manifests in ``paths`` in a seeded random order of their lines (icefall's
+    ``cat ... | shuf`` for ``train-all-shuf``), so a lazy reader sees the parts and speeds mixed and a sampler's
+    shuffle buffer does not have to. Holds the raw lines (not lhotse objects) in memory. Returns the count."""
+    lines: list[bytes] = []
+    for p in paths:
+        if not Path(p).is_file():
+            raise FileNotFoundError(f"{p} is missing; fix: run the stage that writes it first")
+        with gzip.open(p, "rb") as f:
+            lines.extend(line if line.endswith(b"\n") else line + b"\n" for line in f if line.strip())
+    random.Random(seed).shuffle(lines)
+    with atomic_output(out_path) as tmp, gzip.open(tmp, "wb") as f:
+        f.writelines(lines)
+    log.info("wrote %d shuffled cuts from %d manifests to %s", len(lines), len(paths), out_path)
+    return len(lines)

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Prepare LibriSpeech (100 h or 960 h) and MUSAN for train.py / decode.py, in stages as icefall's prepare.sh:
+
+    0  download LibriSpeech and MUSAN (lhotse's downloaders; parts already in --corpus-dir are not downloaded)
+    1  manifests (lhotse's prepare_librispeech and prepare_musan)
+    2  3x speed perturbation (0.9, 1.1) of the training parts; cuts with audio for on-the-fly features
+    3  80-dim fbank of every part (lhotse Fbank, LilcomChunkyWriter), computed in chunks from lazy manifests
+    4  MUSAN noise cuts (10 s windows) and their fbank
+    5  the tokenizer (sentencepiece, 500 pieces) on the training transcripts
+
+    python recipes/librispeech/prepare.py --subset 960h --corpus-dir /data/corpora
+    python recipes/librispeech/prepare.py --subset 100h --stage 1 --stop-stage 5 --num-jobs 16
+
+Every stage skips the outputs it finds (rerun after an interruption to continue). With --on-the-fly-feats in
+train.py, stages 3 and 4's LibriSpeech fbank are not needed (stage 4 still makes the MUSAN cuts). Outputs go
+to --data-dir (manifests/, fbank/, lang_bpe_500/); the layout is asrprec.data.corpora.PreparedData.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from pathlib import Path
+
+from asrprec.data import compute_fbank, compute_fbank_lazy, load_cuts, shuffle_manifests, speed_perturbed, write_cuts
+from asrprec.data.corpora import (
+    LIBRISPEECH_TRAIN_PARTS, PreparedData, download_librispeech, download_musan, librispeech_cuts, librispeech_parts,
+    librispeech_transcripts, musan_noise_cuts, prepare_librispeech_manifests, prepare_musan_manifests,
+)
+from asrprec.tokenizer import Tokenizer
+
+HERE = Path(__file__).resolve().parent
+NUM_STAGES = 6
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--subset", choices=tuple(LIBRISPEECH_TRAIN_PARTS), default="960h",
+                   help="training data: train-clean-100, or all three training parts (icefall's --full-libri)")
+    p.add_argument("--corpus-dir", type=Path, default=HERE / "download",
+                   help="holds LibriSpeech/ and musan/ (downloaded here when missing)")
+    p.add_argument("--data-dir", type=Path, default=HERE / "data")
+    p.add_argument("--stage", type=int, default=0)
+    p.add_argument("--stop-stage", type=int, default=NUM_STAGES - 1)
+    # icefall uses min(15, cpu_count) processes for fbank (egs/librispeech/ASR/local/compute_fbank_librispeech.py)
+    p.add_argument("--num-jobs", type=int, default=min(15, os.cpu_count() or 1),
+                   help="processes for manifests and feature extraction")
+    p.add_argument("--chunk-size", type=int, default=20000,
+                   help="cuts per feature-extraction chunk (memory bound; an interrupted stage 3 resumes by chunk)")
+    p.add_argument("--speed-factors", type=float, nargs="*", default=[0.9, 1.1],
+                   help="speed perturbation of the training parts (none: no perturbation)")
+    # icefall's vocabulary (data/lang_bpe_500) and model type (local/train_bpe_model.py: unigram)
+    p.add_argument("--vocab-size", type=int, default=500)
+    p.add_argument("--bpe-model-type", choices=("unigram", "bpe"), default="unigram")
+    p.add_argument("--no-musan", dest="musan", action="store_false", help="skip MUSAN (train.py then needs --no-musan)")
+    p.add_argument("--seed", type=int, default=0, help="order of the shuffled training manifest")
+    return p
+
+
+def stage_download(args, data: PreparedData) -> None:
+    download_librispeech(args.corpus_dir, librispeech_parts(args.subset))
+    if args.musan:
+        download_musan(args.corpus_dir)
+
+
+def stage_manifests(args, data: PreparedData) -> None:
+    prepare_librispeech_manifests(args.corpus_dir, librispeech_parts(args.subset), data.manifest_dir,
+                                  num_jobs=args.num_jobs)
+    if args.musan:
+        prepare_musan_manifests(args.corpus_dir, data.manifest_dir)
+
+
+def stage_speed_perturb(args, data: PreparedData) -> None:
+    train_parts = LIBRISPEECH_TRAIN_PARTS[args.subset]
+    for part in librispeech_parts(args.subset):
+        out = data.cuts(part, features=False)
+        if out.is_file():
+            logging.info("%s exists; skipping", out)
+            continue
+        cuts = librispeech_cuts(data.manifest_dir, part)
+        if part in train_parts and args.speed_factors:
+            cuts = speed_perturbed(cuts, args.speed_factors)
+        logging.info("%s: %d cuts -> %s", part, write_cuts(cuts, out), out)
+    _shuffled_train_cuts(args, data, features=False)
+
+
+def _shuffled_train_cuts(args, data: PreparedData, *, features: bool) -> None:
+    out = data.cuts(data.train_part(args.subset), features=features)
+    if out.is_file():
+        logging.info("%s exists; skipping", out)
+        return
+    shuffle_manifests([data.cuts(p, features=features) for p in LIBRISPEECH_TRAIN_PARTS[args.subset]], out,
+                      seed=args.seed)
+
+
+def stage_fbank(args, data: PreparedData) -> None:
+    for part in librispeech_parts(args.subset):
+        cuts = load_cuts(data.cuts(part, features=False), hint="run stage 2 first")
+        compute_fbank_lazy(cuts, data.feature_storage(part), data.cuts(part), chunk_size=args.chunk_size,
+                           num_jobs=args.num_jobs)
+    _shuffled_train_cuts(args, data, features=True)
+
+
+def stage_musan(args, data: PreparedData) -> None:
+    if args.musan:
+        compute_fbank(musan_noise_cuts(data.manifest_dir), data.fbank_dir / "musan_feats", data.musan_cuts,
+                      num_jobs=args.num_jobs)
+
+
+def stage_tokenizer(args, data: PreparedData) -> None:
+    texts = librispeech_transcripts(data.manifest_dir, LIBRISPEECH_TRAIN_PARTS[args.subset])
+    prefix = data.bpe_model(args.vocab_size).with_suffix("")
+    logging.info("tokenizer: %s", Tokenizer.train(texts, prefix, args.vocab_size, model_type=args.bpe_model_type))
+
+
+STAGES = (stage_download, stage_manifests, stage_speed_perturb, stage_fbank, stage_musan, stage_tokenizer)
+
+
+def main() -> None:
+    args = get_parser().parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    data = PreparedData(args.data_dir)
+    for i, stage in enumerate(STAGES):
+        if args.stage <= i <= args.stop_stage:
+            start = time.perf_counter()
+            logging.info("stage %d: %s", i, stage.__name__.removeprefix("stage_"))
+            stage(args, data)
+            logging.info("stage %d done in %.1f s", i, time.perf_counter() - start)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Train a transducer on LibriSpeech (run prepare.py first) with icefall's recipe defaults: Zipformer medium,
+pruned RNN-T, ScaledAdam + Eden at base-lr 0.045, 30 epochs, max-duration 1000, 30 buckets, SpecAugment with
+time warping, MUSAN mixed into half the cuts at 10-20 dB (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py
+and asr_datamodule.py).
+
+    python recipes/librispeech/train.py --subset 960h --precision amp-bf16 --exp-dir recipes/librispeech/exp/amp-bf16
+    torchrun --nproc_per_node=8 recipes/librispeech/train.py --precision amp-bf16 ...      (README.md: 2 nodes)
+
+The training manifest is read lazily (960 h x 3 speeds never sits in memory); every precision policy, encoder,
+loss and joint mode is a flag; the loop lives in asrprec.training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from asrprec.data import AsrDataModule, DataConfig, NoiseMixConfig, SpecAugmentConfig, load_cuts
+from asrprec.data.corpora import LIBRISPEECH_TRAIN_PARTS, PreparedData
+from asrprec.models import count_parameters
+from asrprec.precision import get_policy
+from asrprec.tokenizer import Tokenizer
+from asrprec.training import is_main_process, seed_everything, train
+from asrprec.training.cli import (
+    add_model_args, add_precision_args, add_training_args, build_model_from_args, resolve_device, setup_logging,
+    train_config_from_args,
+)
+
+HERE = Path(__file__).resolve().parent
+PREPARE_HINT = "run python recipes/librispeech/prepare.py with the same --subset and --data-dir"
+# The Zipformer's schedules count audio, not batches: icefall's get_adjusted_batch_count feeds them
+# batches x max-duration x world size / 600 s (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, --ref-duration)
+ICEFALL_REF_DURATION = 600.0
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", type=Path, default=HERE / "data")
+    p.add_argument("--subset", choices=tuple(LIBRISPEECH_TRAIN_PARTS), default="960h")
+    p.add_argument("--bpe-model", type=Path, default=None, help="default: <data-dir>/lang_bpe_500/bpe.model")
+    # icefall's LibriSpeech training commands pass --max-duration 1000 per GPU (RESULTS.md, zipformer medium)
+    p.add_argument("--max-duration", type=float, default=1000.0, help="seconds of audio per batch and GPU")
+    p.add_argument("--num-buckets", type=int, default=30)
+    p.add_argument("--num-workers", type=int, default=2, help="dataloader workers")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--on-the-fly-feats", action="store_true",
+                   help="compute fbank from the audio in the dataloader (stage 3 of prepare.py not needed)")
+    p.add_argument("--no-spec-augment", dest="spec_augment", action="store_false")
+    p.add_argument("--spec-aug-time-warp-factor", type=int, default=80, help="0 = no time warping")
+    p.add_argument("--no-musan", dest="musan", action="store_false", help="no MUSAN noise mixing")
+    add_precision_args(p)
+    add_model_args(p, encoder="zipformer", size="medium")
+    p.set_defaults(loss="pruned", loss_warmup_batches=2000)  # icefall: pruned loss, warm_step 2000
+    add_training_args(p, exp_dir=str(HERE / "exp" / "default"), num_epochs=30, optimizer="scaled_adam",
+                      base_lr=0.045, lr_batches=7500, lr_epochs=3.5, warmup_batches=500, log_interval=50,
+                      valid_interval=3000, save_every_n=4000, keep_last_k=30, average_period=200)
+    p.set_defaults(encoder_schedule_scale=None)  # max-duration / ICEFALL_REF_DURATION unless given
+    return p
+
+
+def data_config(args: argparse.Namespace, data: PreparedData) -> DataConfig:
+    """icefall's asr_datamodule.py settings: SpecAugment with 10 frame masks of <= 100 frames and 2 feature masks of
+    <= 27 bins; CutMix(MUSAN, p=0.5, 10-20 dB); buckets estimated over num_buckets x 2000 cuts and shuffled
+    over num_buckets x 5000; cuts of 1-20 s (train.py's remove_short_and_long_utt)."""
+    return DataConfig(
+        max_duration=args.max_duration, num_buckets=args.num_buckets, drop_last=True, num_workers=args.num_workers,
+        seed=args.seed, on_the_fly_feats=args.on_the_fly_feats, min_cut_s=1.0, max_cut_s=20.0,
+        spec_augment=args.spec_augment,
+        spec_augment_config=SpecAugmentConfig(time_warp_factor=args.spec_aug_time_warp_factor or None,
+                                              num_frame_masks=10, frames_mask_size=100, num_feature_masks=2,
+                                              features_mask_size=27),
+        noise_mix=NoiseMixConfig(str(data.musan_cuts), p=0.5, snr_db=(10.0, 20.0)) if args.musan else None,
+        bucketing_buffer_size=args.num_buckets * 2000, shuffle_buffer_size=args.num_buckets * 5000,
+    )
+
+
+def load_part(args: argparse.Namespace, data: PreparedData, part: str, *, lazy: bool):
+    """A prepared part's cuts: with features, or with audio only under --on-the-fly-feats."""
+    return load_cuts(data.cuts(part, features=not args.on_the_fly_feats), lazy=lazy, hint=PREPARE_HINT)
+
+
+def main() -> None:
+    args = get_parser().parse_args()
+    # (distributed) the torchrun process-group setup goes here, first, so that everything below sees its rank
+    exp_dir = Path(args.exp_dir)
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(str(exp_dir / "train.log"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.encoder_schedule_scale is None:
+        args.encoder_schedule_scale = args.max_duration / ICEFALL_REF_DURATION
+    cfg = train_config_from_args(args)
+    seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
+    data = PreparedData(args.data_dir)
+    tokenizer = Tokenizer(args.bpe_model or data.bpe_model(500))
+    train_cuts = load_part(args, data, data.train_part(args.subset), lazy=True)
+    valid_cuts = (load_part(args, data, "dev-clean", lazy=False)
+                  + load_part(args, data, "dev-other", lazy=False)).to_eager()
+    loaders = AsrDataModule(data_config(args, data))
+    model, model_config = build_model_from_args(args, tokenizer)
+    policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
+    if is_main_process():
+        (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
+        print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; "
+              f"precision: {policy.describe()}")
+    state = train(model=model, policy=policy, tokenizer=tokenizer, train_dl=loaders.train_dataloader(train_cuts),
+                  valid_dl=loaders.valid_dataloader(valid_cuts), cfg=cfg, config_for_checkpoint={"model": model_config})
+    if is_main_process():
+        (exp_dir / "history.json").write_text(json.dumps(state.history, indent=1))
+
+
+if __name__ == "__main__":
+    main()
