@@ -59,7 +59,7 @@ def test_recipe_smoke(tmp_path, precision):
 
     stored = json.loads((exp / "model.json").read_text())["encoder_overrides"]
     assert stored["frontend_channels"] == list(CONFORMER_PRESETS["tiny"].frontend_channels)
-    assert stored["d_model"] == CONFORMER_PRESETS["tiny"].d_model
+    assert stored["encoder_dim"] == CONFORMER_PRESETS["tiny"].encoder_dim
     log = (exp / "train.log").read_text()
     assert "precision: policy=bf16" in log and "optimizer_update=fp32 master weights" in log
     for method in ("greedy_search", "modified_beam_search"):
