@@ -8,10 +8,13 @@ What a checkpoint holds (one ``torch.save`` dict; every entry loads with ``torch
                      {"weights": float64 state_dict, "count": snapshots, "period": batches between them}
     optimizer        optimizer.state_dict()           optimizer_kind  "master" (bf16 fp32-master wrapper) | "plain"
     scheduler        scheduler.state_dict()           scaler          scaler.state_dict()
-    sampler          sampler.state_dict()             config          dict (the run's configuration)
+    sampler          optional sampler.state_dict()    config          dict (the run's configuration)
     policy           policy.describe() (policy name + effective dtypes)
-    rng              python / numpy / torch CPU / torch CUDA generator states
-    extra            dict of counters (epoch, batch_idx_train, best losses...)
+    rng              python / numpy / torch CPU / torch CUDA generator states (:mod:`asrprec.rng`)
+    runtime_state    optional state modules keep outside their state_dict (:func:`module_runtime_state`)
+    extra            dict of counters (epoch, batch_idx_train, best losses...); the training loop adds
+                     ``progress`` (the position within the epoch, :class:`asrprec.training.resume.EpochProgress`)
+                     and ``history`` (the epochs' records)
 
 Writing is atomic: a temporary file in the destination directory, flushed and fsync-ed, then ``os.replace``
 onto the destination; a failure at any point leaves the previous checkpoint untouched and no temporary file
@@ -130,6 +133,24 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
+def module_runtime_state(model: nn.Module) -> dict[str, dict]:
+    """State that modules keep outside their ``state_dict`` but that later steps depend on (e.g. the Zipformer's
+    ``Whiten`` probability, which its backward updates): ``{module name: module.runtime_state_dict()}`` for every
+    submodule defining ``runtime_state_dict``. Kept apart from the weights, so that weight files, averaging and
+    older checkpoints are unaffected."""
+    return {name: m.runtime_state_dict() for name, m in unwrap_model(model).named_modules()
+            if callable(getattr(m, "runtime_state_dict", None))}
+
+
+def load_module_runtime_state(model: nn.Module, state: dict[str, dict]) -> None:
+    """Restore :func:`module_runtime_state` (modules missing on either side are skipped)."""
+    modules = dict(unwrap_model(model).named_modules())
+    for name, s in state.items():
+        m = modules.get(name)
+        if m is not None and callable(getattr(m, "load_runtime_state_dict", None)):
+            m.load_runtime_state_dict(s)
+
+
 # -- save / load -----------------------------------------------------------------------------------
 
 
@@ -171,6 +192,9 @@ def save_checkpoint(
         "extra": dict(extra or {}),
         "rng": get_rng_state(),
     }
+    runtime = module_runtime_state(model)
+    if runtime:
+        ckpt["runtime_state"] = runtime
     if model_avg is not None:
         ckpt["model_avg"] = unwrap_model(model_avg).state_dict()
     if optimizer is not None:
@@ -308,6 +332,7 @@ def load_checkpoint(
                 "or start the new model in another --exp-dir"))
         else:
             unwrap_model(model).load_state_dict(ckpt["model"], strict=False)
+        load_module_runtime_state(model, ckpt.get("runtime_state", {}))
     if model_avg is not None:
         unwrap_model(model_avg).load_state_dict(need("model_avg"), strict=strict)
     # After the model: the master-weights optimizer copies its fp32 masters into the model's bf16 params.

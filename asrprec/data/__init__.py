@@ -5,7 +5,7 @@ the corpus generator's spawn workers start without importing torch or lhotse.
 
 * :func:`generate_corpus`, :func:`load_corpus` — :mod:`asrprec.data.synthetic`
 * :func:`compute_fbank`, :func:`compute_corpus_fbank`, :class:`OnTheFlyFbank`, :func:`load_fbank_cuts` — :mod:`asrprec.data.features`
-* :func:`check_cuts`, :class:`DataReport`, :func:`validate_cuts`, :func:`filter_by_duration` — :mod:`asrprec.data.validate`
+* :func:`check_cuts`, :class:`DataReport`, :class:`DataCheckError`, :func:`validate_cuts`, :func:`filter_by_duration` — :mod:`asrprec.data.validate`
 * :class:`DataConfig`, :class:`SpecAugmentConfig`, :class:`AsrDataModule` — :mod:`asrprec.data.datamodule`
 * :func:`resample_poly` — :mod:`asrprec.data.resample`
 """
@@ -27,6 +27,7 @@ _EXPORTS = {
     "validate_cuts": "validate",
     "check_cuts": "validate",
     "DataReport": "validate",
+    "DataCheckError": "validate",
     "filter_by_duration": "validate",
     "DataConfig": "datamodule",
     "SpecAugmentConfig": "datamodule",

@@ -46,6 +46,10 @@ FIXES = {
 }
 
 
+class DataCheckError(ValueError):
+    """No cut of a split passed the data checks."""
+
+
 @dataclass
 class DataReport:
     """What :func:`check_cuts` found in one split: ``problems[reason]`` lists the dropped cut ids."""
@@ -126,6 +130,7 @@ def check_cuts(
     max_duration: float | None = None,
     require_transcript: bool = True,
     mode: str = "fast",
+    allow_empty: bool = False,
 ) -> tuple[Any, DataReport]:
     """Drop the cuts of ``cuts`` that cannot be used, and report them. Returns ``(kept CutSet, report)``.
 
@@ -140,6 +145,7 @@ def check_cuts(
             may be empty).
         mode: "fast" (manifests, file existence and size) or "full" (also decode every feature matrix / audio
             file and check it is finite); "off" returns ``cuts`` unchecked.
+        allow_empty: return an empty CutSet when no cut passes, instead of raising :class:`DataCheckError`.
     """
     if mode not in CHECK_MODES:
         raise ValueError(f"mode must be one of {CHECK_MODES}, got {mode!r}")
@@ -164,6 +170,8 @@ def check_cuts(
             bad.add(cut.id)
     kept = cuts.filter(lambda c: c.id not in bad).to_eager() if bad else cuts
     (log.warning if report.problems else log.info)("data check (%s): %s", mode, report.summary())
+    if not len(kept) and not allow_empty:
+        raise DataCheckError(f"no cut of {split} passed the data checks. {report.summary()}")
     return kept, report
 
 
@@ -258,7 +266,9 @@ def filter_by_duration(cuts: Any, min_s: float = 0.5, max_s: float = 20.0) -> An
     kept = cuts.filter(lambda c: min_s <= c.duration <= max_s).to_eager()
     dropped = len(cuts) - len(kept)
     if dropped:
-        log.warning("dropped %d of %d cuts outside %.2f-%.2f s", dropped, len(cuts), min_s, max_s)
+        out = [f"{c.id} ({c.duration:.2f} s)" for c in cuts if not min_s <= c.duration <= max_s][:3]
+        log.warning("dropped %d of %d cuts outside %.2f-%.2f s (e.g. %s)", dropped, len(cuts), min_s, max_s,
+                    ", ".join(out))
     else:
         log.info("all %d cuts are within %.2f-%.2f s", len(cuts), min_s, max_s)
     return kept

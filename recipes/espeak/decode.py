@@ -20,13 +20,14 @@ from pathlib import Path
 import torch
 
 from asrprec.checkpoint import load_decoding_weights
-from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
+from asrprec.data import AsrDataModule, DataConfig, check_cuts, load_fbank_cuts
 from asrprec.decoding import DecodingOptions, decode_dataset
 from asrprec.metrics import write_error_stats, write_recogs
 from asrprec.models import build_transducer, configure_streaming
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import add_decoding_args, add_precision_args, resolve_device, setup_logging
+from asrprec.training import read_model_config
+from asrprec.training.cli import add_decoding_args, add_precision_args, resolve_device, run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,6 +38,9 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--exp-dir", type=Path, default=HERE / "exp" / "default")
     p.add_argument("--max-duration", type=float, default=300.0)
     p.add_argument("--splits", nargs="+", default=["test", "dev"])
+    p.add_argument("--validate-data", choices=("fast", "full", "off"), default="fast",
+                   help="leave out (and report) cuts the encoder cannot take or whose files are missing; full also "
+                        "decodes every feature file first")
     add_decoding_args(p)
     add_precision_args(p)
     return p
@@ -45,14 +49,15 @@ def get_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = get_parser().parse_args()
     setup_logging()
-    model_config = json.loads((args.exp_dir / "model.json").read_text())
+    model_config = read_model_config(args.exp_dir)
     model = build_transducer(**model_config)
     print("weights:", load_decoding_weights(model, args.exp_dir, args.epoch, args.avg, args.use_averaged_model))
     streaming_tag = configure_streaming(model, args.chunk_size, args.left_context_frames, args.streaming)
     policy = get_policy(args.precision, resolve_device(args.device))
+    min_frames = model.min_input_frames
     model = policy.prepare_for_inference(model)
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
-    cuts = load_fbank_cuts(args.data_dir)
+    cuts = load_fbank_cuts(args.data_dir, splits=tuple(args.splits))  # only the splits decoded
     data = AsrDataModule(DataConfig(max_duration=args.max_duration))
     tag = f"{args.decoding_method}-epoch-{args.epoch}-avg-{args.avg}-{args.precision}"
     if args.use_averaged_model:
@@ -66,15 +71,21 @@ def main() -> None:
     streaming = (args.chunk_size, args.left_context_frames) if args.streaming else None
     summary = {}
     for split in args.splits:
-        results, stats = decode_dataset(model, data.test_dataloader(cuts[split]), tokenizer, options, policy.device,
+        # a test reference may be empty; what the encoder cannot take or the loader cannot read is left out, counted
+        split_cuts, report = check_cuts(cuts[split], split=split, mode=args.validate_data, min_frames=min_frames,
+                                        require_transcript=False)
+        results, stats = decode_dataset(model, data.test_dataloader(split_cuts), tokenizer, options, policy.device,
                                         streaming=streaming)
         write_recogs(args.exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(args.exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
-        summary[split] = {"wer": wer, **stats}
-        print(f"{split}: WER {wer:.2f}% ({tag}); RTFx {stats.get('rtfx', float('nan')):.1f}")
+        left_out = report.dropped + stats["unreadable_cuts"]
+        summary[split] = {"wer": wer, **stats, "cuts": report.total, "decoded": len(results), "left_out": left_out,
+                          "left_out_by_reason": report.to_dict()["dropped"]}
+        note = f"; {left_out} of {report.total} cuts left out, see the log" if left_out else ""
+        print(f"{split}: WER {wer:.2f}% ({tag}); RTFx {stats.get('rtfx', float('nan')):.1f}{note}")
     (args.exp_dir / f"wer-summary-{tag}.json").write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
     with torch.inference_mode():
-        main()
+        run_main(main, "decode.py")

@@ -2,6 +2,7 @@
 """Train a transducer on the embedded espeak-ng corpus (run prepare.py first).
 
     python recipes/espeak/train.py --precision amp-bf16 --exp-dir recipes/espeak/exp/amp-bf16
+    python recipes/espeak/train.py --precision amp-bf16 --exp-dir recipes/espeak/exp/amp-bf16 --resume latest
 
 Every precision policy, encoder, loss and joint mode is a flag; the loop lives in asrprec.training.
 """
@@ -9,19 +10,18 @@ Every precision policy, encoder, loss and joint mode is a flag; the loop lives i
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
-from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
+from asrprec.data import AsrDataModule, DataConfig, check_cuts, load_fbank_cuts
 from asrprec.models import LossConfig, build_transducer, count_parameters, resolved_encoder_overrides
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
-from asrprec.training import seed_everything, train
+from asrprec.training import prepare_experiment, seed_everything, train
 from asrprec.training.cli import (
-    add_model_args, add_precision_args, add_training_args, encoder_overrides_from_args, resolve_device, setup_logging,
-    train_config_from_args,
+    add_data_check_args, add_model_args, add_precision_args, add_training_args, encoder_overrides_from_args,
+    resolve_device, run_main, setup_logging, train_config_from_args,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -59,22 +59,21 @@ def get_parser() -> argparse.ArgumentParser:
     add_training_args(p, exp_dir=str(HERE / "exp" / "default"), num_epochs=10, optimizer="scaled_adam",
                       base_lr=0.045, lr_batches=500, lr_epochs=4, warmup_batches=100, log_interval=20,
                       encoder_schedule_scale=30.0, average_period=10)
+    add_data_check_args(p)
     return p
 
 
 def main() -> None:
     args = get_parser().parse_args()
+    cfg = train_config_from_args(args)
     exp_dir = Path(args.exp_dir)
     exp_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(str(exp_dir / "train.log"))
+    prepare_experiment(cfg)  # refuse a folder holding another run before loading anything
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = train_config_from_args(args)
     seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
-    cuts = load_fbank_cuts(args.data_dir)
-    data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed,
-                                 spec_augment=args.spec_augment))
     model = build_transducer(
         encoder=args.encoder, size=args.size, vocab_size=tokenizer.vocab_size, blank_id=tokenizer.blank_id,
         context_size=args.context_size, encoder_overrides=encoder_overrides_from_args(args),
@@ -82,6 +81,14 @@ def main() -> None:
                         prune_range=args.prune_range, loss_warmup_batches=args.loss_warmup_batches),
         model_warmup_batches=args.model_warmup_batches,
     )
+    cuts = load_fbank_cuts(args.data_dir, splits=("train", "dev"))
+    checks = {}
+    for split in cuts:
+        cuts[split], report = check_cuts(cuts[split], split=split, tokenizer=tokenizer, mode=args.validate_data,
+                                         max_oov_fraction=args.max_oov_fraction, min_frames=model.min_input_frames)
+        checks[split] = report.to_dict()
+    data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed,
+                                    spec_augment=args.spec_augment))
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
     # The encoder's resolved config (preset + overrides), so decode.py rebuilds this architecture even if the
     # preset changes later.
@@ -90,12 +97,13 @@ def main() -> None:
                     "encoder_overrides": resolved_encoder_overrides(model),
                     "loss": {"loss": args.loss, "joint_mode": args.joint_mode, "backend": args.loss_backend,
                              "prune_range": args.prune_range}}
-    (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
     print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
-    state = train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
-                  valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, config_for_checkpoint={"model": model_config})
-    (exp_dir / "history.json").write_text(json.dumps(state.history, indent=1))
+    train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
+          valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
+          config_for_checkpoint={"data": {"data_dir": str(args.data_dir), "max_duration": args.max_duration,
+                                          "num_workers": args.num_workers, "spec_augment": args.spec_augment,
+                                          "checks": checks}})
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, "train.py")
