@@ -272,6 +272,18 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0) -> Path | None:
     return resume_from
 
 
+# train config entries that only say how an invocation started or where it stops; a resume changing them is
+# no change to the run
+_INVOCATION_KEYS = ("resume", "start_epoch", "start_batch", "overwrite", "num_epochs")
+
+
+def _without_invocation(config: dict[str, Any]) -> dict[str, Any]:
+    config = _jsonable(config)
+    if isinstance(config.get("train"), dict):
+        config["train"] = {k: v for k, v in config["train"].items() if k not in _INVOCATION_KEYS}
+    return config
+
+
 def record_run_start(exp_dir: str | os.PathLike, *, model_config: dict[str, Any] | None, config: dict[str, Any],
                      precision: dict[str, Any], resume: dict[str, Any] | None, rank: int = 0) -> None:
     """Record that a run started (``config.json``, ``model.json``, a ``start`` event) or resumed (``model.json``
@@ -285,7 +297,7 @@ def record_run_start(exp_dir: str | os.PathLike, *, model_config: dict[str, Any]
         ckpt.atomic_write_text(exp_dir / CONFIG_NAME, json.dumps(_jsonable(config), indent=1))
         append_history(exp_dir, {"event": "start", **event})
         return
-    changed = _differences(_jsonable(resume.pop("config", {}) or {}), _jsonable(config))
+    changed = _differences(_without_invocation(resume.pop("config", {}) or {}), _without_invocation(config))
     append_history(exp_dir, {"event": "resume", **resume, **event, "changed": changed})
     if changed:
         log.info("resumed with changed settings: %s", "; ".join(changed))

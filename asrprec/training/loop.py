@@ -406,10 +406,6 @@ def _extra(state: TrainState) -> dict[str, Any]:
             "progress": state.progress.state_dict() if state.progress is not None else None}
 
 
-# train config entries that only say how this invocation started; a resume changing them changes nothing
-_INVOCATION_KEYS = ("resume", "start_epoch", "start_batch", "overwrite", "num_epochs")
-
-
 def _restore(path: Path, *, model, optimizer, scheduler, scaler, averager, policy, state: TrainState,
              cfg: TrainConfig) -> tuple[dict | None, dict[str, Any]]:
     """Load ``path`` into the training objects and ``state``; return (its random-generator states, a record of
@@ -455,8 +451,6 @@ def _restore(path: Path, *, model, optimizer, scheduler, scaler, averager, polic
              f"epoch {state.epoch} after {state.progress.batches_done} batches")
     log.info("resumed from %s at training batch %d (%s)", path, state.batch_idx_train, where)
     config = dict(info.get("config") or {})
-    if isinstance(config.get("train"), dict):
-        config["train"] = {k: v for k, v in config["train"].items() if k not in _INVOCATION_KEYS}
     record = {"from": str(path), "epoch": state.epoch, "batch_idx_train": state.batch_idx_train,
               "batches_done_in_epoch": 0 if state.progress.epoch_done else state.progress.batches_done,
               "saved_precision": info.get("policy"), "config": config}

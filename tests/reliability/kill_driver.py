@@ -129,9 +129,21 @@ def _state_of(exp: Path) -> dict:
             "temporaries": sorted(p.name for p in exp.glob(".*.tmp"))}
 
 
+def _warm_up(data: Path) -> None:
+    """Import in the parent what every child needs (building an optimizer imports torch._dynamo, seconds)."""
+    from asrprec.data import AsrDataModule, DataConfig  # noqa: F401
+    from asrprec.tokenizer import Tokenizer
+    from asrprec.training import build_optimizer  # noqa: F401
+
+    harness.build_model(Tokenizer(data / "bpe.model"))
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
 def main() -> None:
     data, work = Path(sys.argv[1]), Path(sys.argv[2])
-    base = dict(num_epochs=2, keep_last_k=3, save_every_n=1)
+    _warm_up(data)
+    # natural epoch ends (no cap) of about three batches
+    base = dict(num_epochs=2, keep_last_k=3, save_every_n=1, max_duration=6.0)
     ref, exp = work / "reference", work / "killed"
     out = {"reference_status": _run_to_end(data, ref, base), "kills": []}
     for kind, n, where in KILLS:
