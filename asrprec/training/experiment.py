@@ -260,6 +260,10 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0) -> Path | None:
     if cfg.overwrite and cfg.resume == "latest":
         raise ExperimentError("--overwrite with --resume latest: there is nothing newer to overwrite. Fix: drop "
                               "--overwrite")
+    _, epoch, end = ckpt.checkpoint_position(resume_from)
+    if end and epoch >= cfg.num_epochs:
+        raise ExperimentError(f"{resume_from} ends epoch {epoch} and --num-epochs is {cfg.num_epochs}: nothing to "
+                              "train. Fix: raise --num-epochs")
     newer = _newer_checkpoints(exp_dir, resume_from)
     if newer and not cfg.overwrite:
         names = ", ".join(p.name for p in newer[:6]) + (", ..." if len(newer) > 6 else "")

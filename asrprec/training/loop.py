@@ -37,7 +37,14 @@ from asrprec.rng import preserved_rng, seed_everything, set_rng_state
 
 from .config import TrainConfig
 from .distributed import all_reduce_sum, get_rank, get_world_size, is_main_process, unwrap
-from .experiment import append_history, prepare_experiment, read_history, record_run_start
+from .experiment import (
+    ExperimentError,
+    append_history,
+    check_model_config,
+    prepare_experiment,
+    read_history,
+    record_run_start,
+)
 from .oom import (
     describe_batch,
     is_out_of_memory,
@@ -551,11 +558,12 @@ def train(
 
     rng, record = None, None
     if resume_from is not None:
+        check_model_config(exp_dir, model_config)  # a named difference, before the checkpoint refuses the weights
         rng, record = _restore(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                averager=averager, policy=policy, state=state, cfg=cfg)
         if state.epoch > cfg.num_epochs:
-            raise ValueError(f"{resume_from} ends epoch {state.epoch - 1} and --num-epochs is {cfg.num_epochs}: "
-                             f"nothing to train. Fix: raise --num-epochs")
+            raise ExperimentError(f"{resume_from} ends epoch {state.epoch - 1} and --num-epochs is {cfg.num_epochs}: "
+                                  "nothing to train. Fix: raise --num-epochs")
     record_run_start(exp_dir, model_config=model_config, config=full_config, precision=desc, resume=record,
                      rank=get_rank())
 

@@ -25,9 +25,7 @@ def corpus_copy(data_root, tmp_path):
     from lhotse import CutSet
 
     for path in dst.glob("espeak_cuts_*_fbank.jsonl.gz"):
-        cuts = CutSet.from_file(path).to_eager()
-        cuts = cuts.map(lambda c: _repoint(c, data_root, dst))
-        cuts.to_file(path)
+        CutSet.from_cuts(_repoint(c, data_root, dst) for c in CutSet.from_file(path)).to_file(path)
     return dst
 
 
