@@ -228,16 +228,20 @@ def _newer_checkpoints(exp_dir: Path, resume_from: Path) -> list[Path]:
     return newer
 
 
-def prepare_experiment(cfg: TrainConfig, *, rank: int = 0) -> Path | None:
+def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[str, Any] | None = None) -> Path | None:
     """Make ``cfg.exp_dir`` ready for the run ``cfg`` describes; return the checkpoint to resume from (or None).
 
     Creates the folder, removes temporary files of interrupted writes, resolves the resume checkpoint, and
     enforces the folder rules of the module docstring. Idempotent: a recipe may call it early (to fail before
     loading data) and :func:`asrprec.training.train` calls it again.
 
+    ``model_config``: the model about to be trained; a resume refuses one that differs from the run's
+    ``model.json`` (:func:`check_model_config`).
+
     Raises:
         ExperimentError: a new run in a folder with another run's checkpoints, or a resume from a checkpoint that
-            is not the newest, without ``overwrite``; ``overwrite`` together with ``--resume latest``.
+            is not the newest, without ``overwrite``; ``overwrite`` together with ``--resume latest``; a resume with
+            another model; a resume from the end of the last epoch asked for.
         FileNotFoundError / CheckpointReadError: the checkpoint to resume from is missing or unreadable.
     """
     exp_dir = Path(cfg.exp_dir)
@@ -260,6 +264,7 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0) -> Path | None:
     if cfg.overwrite and cfg.resume == "latest":
         raise ExperimentError("--overwrite with --resume latest: there is nothing newer to overwrite. Fix: drop "
                               "--overwrite")
+    check_model_config(exp_dir, model_config)
     _, epoch, end = ckpt.checkpoint_position(resume_from)
     if end and epoch >= cfg.num_epochs:
         raise ExperimentError(f"{resume_from} ends epoch {epoch} and --num-epochs is {cfg.num_epochs}: nothing to "

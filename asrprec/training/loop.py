@@ -40,7 +40,6 @@ from .distributed import all_reduce_sum, get_rank, get_world_size, is_main_proce
 from .experiment import (
     ExperimentError,
     append_history,
-    check_model_config,
     prepare_experiment,
     read_history,
     record_run_start,
@@ -529,7 +528,7 @@ def train(
         TooManySkippedBatches: see :func:`train_one_epoch`.
     """
     exp_dir = Path(cfg.exp_dir)
-    resume_from = prepare_experiment(cfg, rank=get_rank())
+    resume_from = prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
     seed_everything(cfg.seed)
     model = policy.prepare_model(model)
     dtypes = effective_dtypes(model)
@@ -558,7 +557,6 @@ def train(
 
     rng, record = None, None
     if resume_from is not None:
-        check_model_config(exp_dir, model_config)  # a named difference, before the checkpoint refuses the weights
         rng, record = _restore(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                averager=averager, policy=policy, state=state, cfg=cfg)
         if state.epoch > cfg.num_epochs:

@@ -63,40 +63,53 @@ def get_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main() -> None:
-    args = get_parser().parse_args()
-    cfg = train_config_from_args(args)
-    exp_dir = Path(args.exp_dir)
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    setup_logging(str(exp_dir / "train.log"))
-    prepare_experiment(cfg)  # refuse a folder holding another run before loading anything
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
-    tokenizer = Tokenizer(args.data_dir / "bpe.model")
-    model = build_transducer(
+def build_model(args: argparse.Namespace, tokenizer: Tokenizer):
+    return build_transducer(
         encoder=args.encoder, size=args.size, vocab_size=tokenizer.vocab_size, blank_id=tokenizer.blank_id,
         context_size=args.context_size, encoder_overrides=encoder_overrides_from_args(args),
         loss=LossConfig(loss=args.loss, joint_mode=args.joint_mode, backend=args.loss_backend,
                         prune_range=args.prune_range, loss_warmup_batches=args.loss_warmup_batches),
         model_warmup_batches=args.model_warmup_batches,
     )
-    cuts = load_fbank_cuts(args.data_dir, splits=("train", "dev"))
-    checks = {}
+
+
+def model_config_of(args: argparse.Namespace, tokenizer: Tokenizer, model) -> dict:
+    """What decode.py rebuilds the model from (model.json): the encoder's resolved config (preset + overrides),
+    so the architecture survives a later change of the preset."""
+    return {"encoder": args.encoder, "size": args.size, "vocab_size": tokenizer.vocab_size,
+            "blank_id": tokenizer.blank_id, "context_size": args.context_size,
+            "encoder_overrides": resolved_encoder_overrides(model),
+            "loss": {"loss": args.loss, "joint_mode": args.joint_mode, "backend": args.loss_backend,
+                     "prune_range": args.prune_range}}
+
+
+def load_checked_cuts(args: argparse.Namespace, tokenizer: Tokenizer, min_frames: int) -> tuple[dict, dict]:
+    """The train and dev cuts without those that cannot be used (dropped, counted and named in the log)."""
+    cuts, checks = load_fbank_cuts(args.data_dir, splits=("train", "dev")), {}
     for split in cuts:
         cuts[split], report = check_cuts(cuts[split], split=split, tokenizer=tokenizer, mode=args.validate_data,
-                                         max_oov_fraction=args.max_oov_fraction, min_frames=model.min_input_frames)
+                                         max_oov_fraction=args.max_oov_fraction, min_frames=min_frames)
         checks[split] = report.to_dict()
+    return cuts, checks
+
+
+def main() -> None:
+    args = get_parser().parse_args()
+    cfg = train_config_from_args(args)
+    Path(args.exp_dir).mkdir(parents=True, exist_ok=True)
+    setup_logging(str(Path(args.exp_dir) / "train.log"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
+    tokenizer = Tokenizer(args.data_dir / "bpe.model")
+    model = build_model(args, tokenizer)
+    model_config = model_config_of(args, tokenizer, model)
+    # refuse a folder holding another run, or a resume with another model, before loading the data
+    prepare_experiment(cfg, model_config=model_config)
+    cuts, checks = load_checked_cuts(args, tokenizer, model.min_input_frames)
     data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed,
                                     spec_augment=args.spec_augment))
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
-    # The encoder's resolved config (preset + overrides), so decode.py rebuilds this architecture even if the
-    # preset changes later.
-    model_config = {"encoder": args.encoder, "size": args.size, "vocab_size": tokenizer.vocab_size,
-                    "blank_id": tokenizer.blank_id, "context_size": args.context_size,
-                    "encoder_overrides": resolved_encoder_overrides(model),
-                    "loss": {"loss": args.loss, "joint_mode": args.joint_mode, "backend": args.loss_backend,
-                             "prune_range": args.prune_range}}
     print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
     train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
           valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
