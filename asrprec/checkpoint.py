@@ -418,6 +418,11 @@ def bad_model_path(exp_dir: str | os.PathLike) -> Path:
     return Path(exp_dir) / BAD_MODEL_NAME
 
 
+def oom_batch_path(exp_dir: str | os.PathLike, batch_idx_train: int, rank: int | None = None) -> Path:
+    """``exp_dir/oom-batch-{batch_idx_train}[-rank{rank}].pt``: a batch that ran out of memory, for reproduction."""
+    return Path(exp_dir) / f"oom-batch-{batch_idx_train}{'' if rank is None else f'-rank{rank}'}.pt"
+
+
 def _number(p: Path) -> int | None:
     nums = re.findall(r"\d+", p.stem)
     return int(nums[-1]) if nums else None

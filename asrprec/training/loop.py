@@ -66,6 +66,8 @@ NONFINITE = "non-finite loss"
 # how many skipped batches an epoch must have before the share of skipped batches is checked mid-epoch (at the
 # end of an epoch it is always checked)
 _MIN_SKIPS_FOR_SHARE = 3
+# a loader that raised this many times in a row is broken, not serving a few bad batches
+_MAX_LOADER_FAILURES_IN_A_ROW = 10
 
 
 class TooManySkippedBatches(RuntimeError):
@@ -185,6 +187,9 @@ def _skip_budget_exceeded(progress: EpochProgress, cfg: TrainConfig, *, end_of_e
     """Why the run must stop because of skipped batches, or None."""
     n, done = progress.num_skipped, progress.batches_done
     counts = ", ".join(f"{reason} {k}" for reason, k in sorted(progress.skipped.items()))
+    if end_of_epoch and done == 0:
+        return (f"epoch {progress.epoch} had no batch at all: the training data are empty (every cut dropped by the "
+                "data checks or the duration filter?)")
     if end_of_epoch and done > 0 and progress.steps == 0:
         return f"no batch of epoch {progress.epoch} could be trained: all {done} were skipped ({counts})"
     if n > cfg.max_skipped_fraction * done and (end_of_epoch or n >= _MIN_SKIPS_FOR_SHARE) and n > 0:
@@ -243,8 +248,8 @@ def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, po
     except Exception as e:
         save(ckpt.BAD_MODEL_NAME)
         if is_out_of_memory(e):
-            rank = f"-rank{get_rank()}" if get_world_size() > 1 else ""
-            path = save_batch(batch, Path(cfg.exp_dir) / f"oom-batch-{state.batch_idx_train}{rank}.pt")
+            path = save_batch(batch, ckpt.oom_batch_path(cfg.exp_dir, state.batch_idx_train, get_rank()
+                                                         if get_world_size() > 1 else None))
             if policy.device.type == "cuda":
                 log.error("CUDA memory at the OOM:\n%s", torch.cuda.memory_summary(policy.device, abbreviated=True))
             raise out_of_memory_error(
@@ -308,6 +313,7 @@ def train_one_epoch(
         batches = tqdm(batches, desc=f"epoch {state.epoch}", mininterval=5.0, leave=False,
                        initial=progress.batches_done)
     batches = iter(batches)
+    failures_in_a_row = 0
     while not (cfg.max_batches_per_epoch and progress.batches_done >= cfg.max_batches_per_epoch):
         try:
             batch, error = _next_batch(batches)
@@ -315,6 +321,14 @@ def train_one_epoch(
             break
         progress.batches_done += 1
         progress.last_cut_ids = batch_cut_ids(batch) if batch is not None else []
+        failures_in_a_row = failures_in_a_row + 1 if error is not None else 0
+        if failures_in_a_row >= _MAX_LOADER_FAILURES_IN_A_ROW:
+            save(ckpt.batch_checkpoint_path(cfg.exp_dir, state.batch_idx_train).name)
+            raise TooManySkippedBatches(
+                f"the training data loader failed {failures_in_a_row} times in a row (last: {type(error).__name__}: "
+                f"{str(error)[:300]}); it is broken rather than serving a few bad batches. Saved "
+                f"{ckpt.batch_checkpoint_path(cfg.exp_dir, state.batch_idx_train)}. Fix the loader or the data, then "
+                "continue with --resume latest") from error
         if error is not None:
             _skip(progress, UNLOADABLE, [], f"the loader raised {type(error).__name__}: "
                   f"{(str(error).strip().splitlines() or [''])[-1][:300]}", state.batch_idx_train)

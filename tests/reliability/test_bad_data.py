@@ -246,3 +246,23 @@ def test_the_recipe_drops_and_reports_bad_cuts_in_every_split(corpus_copy):
     checks = json.loads((corpus_copy / "exp" / "config.json").read_text())["data"]["checks"]
     assert checks["train"]["dropped"] == {EMPTY_TRANSCRIPT: 1} and checks["dev"]["dropped"] == {TOO_SHORT: 1}
     assert checks["dev"]["examples"][TOO_SHORT] == ["dev-short"]
+
+
+def test_a_broken_loader_or_an_empty_epoch_stops_the_run(tmp_path):
+    class Broken:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            raise OSError("Input/output error")
+
+    def run_with(loader, exp):
+        return train(model=make_model(), policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=loader,
+                     valid_dl=batches(1, 1), cfg=config(exp, num_epochs=1, max_skipped_fraction=1.0))
+
+    with pytest.raises(TooManySkippedBatches, match="loader failed 10 times in a row .*OSError: Input/output error"):
+        run_with(Broken(), tmp_path / "broken")
+    assert (tmp_path / "broken" / "checkpoint-0.pt").is_file()
+    with pytest.raises(TooManySkippedBatches, match="epoch 1 had no batch at all: the training data are empty"):
+        run_with([], tmp_path / "empty")
+    assert not (tmp_path / "empty" / "epoch-1.pt").exists()
