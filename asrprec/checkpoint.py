@@ -470,11 +470,23 @@ def checkpoint_position(path: str | os.PathLike) -> tuple[int, int, bool]:
     return int(extra["batch_idx_train"]), int(extra.get("epoch", 0)), end
 
 
+def _first_readable(paths: list[Path], unreadable: list[str]) -> tuple[Path, tuple[int, int, bool]] | None:
+    """The first of ``paths`` (newest first) whose position can be read; the others are noted and skipped."""
+    for path in paths:
+        try:
+            return path, checkpoint_position(path)
+        except (CheckpointError, OSError) as e:
+            unreadable.append(path.name)
+            log.warning("--resume latest: skipping %s: %s", path, e)
+    return None
+
+
 def find_latest_checkpoint(exp_dir: str | os.PathLike) -> Path:
     """The newest complete checkpoint in ``exp_dir`` (``--resume latest``): the one furthest into training among
     ``epoch-N.pt`` and ``checkpoint-N.pt``; at the same batch the end-of-epoch one (it is written later).
 
-    Files that cannot be read (empty, truncated, not a checkpoint) are skipped with a warning naming them.
+    Only the newest readable file of each kind is opened (names order each kind: epochs, batches); files that
+    cannot be read (empty, truncated, not a checkpoint) are skipped with a warning naming them.
 
     Raises:
         FileNotFoundError: the folder holds no readable checkpoint (the message says what it found).
@@ -483,22 +495,25 @@ def find_latest_checkpoint(exp_dir: str | os.PathLike) -> Path:
     if not exp_dir.is_dir():
         raise FileNotFoundError(f"--resume latest: the experiment folder {exp_dir} does not exist. Fix: check "
                                 "--exp-dir, or start a new run without --resume")
-    best, best_key, unreadable = None, None, []
-    for path in training_checkpoints(exp_dir):
-        try:
-            batch, epoch, end = checkpoint_position(path)
-        except (CheckpointError, OSError) as e:
-            unreadable.append(path.name)
-            log.warning("--resume latest: skipping %s: %s", path, e)
-            continue
-        key = (batch, end, epoch)
-        if best_key is None or key > best_key:
-            best, best_key = path, key
-    if best is None:
-        found = f" (unreadable: {', '.join(unreadable)})" if unreadable else ""
-        raise FileNotFoundError(f"--resume latest: no complete checkpoint in {exp_dir}{found}. Fix: start a new run "
+    unreadable: list[str] = []
+    found = [f for f in (_first_readable(list_checkpoints(exp_dir, EPOCH_PATTERN), unreadable),
+                         _first_readable(list_checkpoints(exp_dir, BATCH_PATTERN), unreadable)) if f is not None]
+    if not found:
+        what = f" (unreadable: {', '.join(unreadable)})" if unreadable else ""
+        raise FileNotFoundError(f"--resume latest: no complete checkpoint in {exp_dir}{what}. Fix: start a new run "
                                 "without --resume (add --overwrite if the folder holds another run's files)")
-    return best
+    return max(found, key=lambda f: (f[1][0], f[1][2]))[0]
+
+
+def newer_checkpoints(exp_dir: str | os.PathLike, position: tuple[int, int, bool]) -> list[Path]:
+    """The checkpoints of ``exp_dir`` written after the training ``position`` ``(batch_idx_train, epoch,
+    end_of_epoch)``, told by their names: ``checkpoint-B.pt`` with B beyond the batch, ``epoch-N.pt`` with N beyond
+    the epoch (or equal, when the position is within epoch N)."""
+    batch, epoch, end = position
+    newer = [p for p in list_checkpoints(exp_dir, BATCH_PATTERN) if _number(p) > batch]
+    newer += [p for p in list_checkpoints(exp_dir, EPOCH_PATTERN)
+              if _number(p) > epoch or (_number(p) == epoch and not end)]
+    return sorted(newer)
 
 
 def keep_last_k(

@@ -9,7 +9,9 @@ A batch is a dict (legend: B cuts, T feature frames, F = 80 mel bins):
 * ``features``: (B, T, F) float32, zero-padded on the right past each row's length;
 * ``feature_lens``: (B,) int64, valid frames per row;
 * ``texts``: list[str] of length B (a cut's supervisions joined by spaces);
-* ``cut_ids``: list[str] of length B.
+* ``cut_ids``: list[str] of length B;
+* ``dropped_cuts`` (only when a cut was left out): list of ``{"cut_id", "reason"}`` for cuts whose features or
+  audio could not be read, or (training and validation) whose transcript is empty; B may then be 0.
 
 Rows are sorted by duration, longest first (what packing-based losses and encoders expect).
 """

@@ -199,33 +199,23 @@ def resolve_resume(cfg: TrainConfig) -> Path | None:
     if cfg.resume:
         path = Path(cfg.resume)
         path = path if path.is_absolute() or path.parent != Path(".") else exp_dir / path
-        ckpt.read_checkpoint(path, mmap=True)  # a clear error now rather than after the data are loaded
-        return path
-    if cfg.start_batch > 0:
+    elif cfg.start_batch > 0:
         path = ckpt.batch_checkpoint_path(exp_dir, cfg.start_batch)
     elif cfg.start_epoch > 1:
         path = ckpt.epoch_checkpoint_path(exp_dir, cfg.start_epoch - 1)
     else:
         return None
-    ckpt.read_checkpoint(path, mmap=True)
+    if not path.is_file():
+        ckpt.read_checkpoint(path)  # raises, listing the checkpoints present
     return path
 
 
-def _newer_checkpoints(exp_dir: Path, resume_from: Path) -> list[Path]:
-    """Checkpoints further into training than ``resume_from``: an abandoned continuation if we resume from it."""
-    here = ckpt.checkpoint_position(resume_from)
-    here_key = (here[0], here[2])
-    newer = []
-    for p in ckpt.training_checkpoints(exp_dir):
-        if p.resolve() == resume_from.resolve():
-            continue
-        try:
-            batch, _, end = ckpt.checkpoint_position(p)
-        except (ckpt.CheckpointError, OSError):
-            continue  # an unreadable file is no continuation; --resume latest skips it with a warning
-        if (batch, end) > here_key:
-            newer.append(p)
-    return newer
+def _readable(path: Path) -> bool:
+    try:
+        ckpt.checkpoint_position(path)
+    except (ckpt.CheckpointError, OSError):
+        return False
+    return True
 
 
 def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[str, Any] | None = None) -> Path | None:
@@ -265,11 +255,14 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[st
         raise ExperimentError("--overwrite with --resume latest: there is nothing newer to overwrite. Fix: drop "
                               "--overwrite")
     check_model_config(exp_dir, model_config)
-    _, epoch, end = ckpt.checkpoint_position(resume_from)
+    position = ckpt.checkpoint_position(resume_from)
+    _, epoch, end = position
     if end and epoch >= cfg.num_epochs:
         raise ExperimentError(f"{resume_from} ends epoch {epoch} and --num-epochs is {cfg.num_epochs}: nothing to "
                               "train. Fix: raise --num-epochs")
-    newer = _newer_checkpoints(exp_dir, resume_from)
+    # an unreadable file is no continuation (--resume latest passes over it; the resumed run rewrites it)
+    newer = [p for p in ckpt.newer_checkpoints(exp_dir, position)
+             if p.resolve() != resume_from.resolve() and _readable(p)]
     if newer and not cfg.overwrite:
         names = ", ".join(p.name for p in newer[:6]) + (", ..." if len(newer) > 6 else "")
         raise ExperimentError(

@@ -278,6 +278,87 @@ def _log_step(info: dict[str, float], batch: dict[str, Any], *, optimizer, scale
     writer.add_scalar("train/peak_memory_mb", peak_memory_mb(policy.device), step)
 
 
+@dataclass
+class _Epoch:
+    """What one epoch's loop carries besides the training state: the objects it steps and its logging window."""
+
+    model: nn.Module
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    policy: PrecisionPolicy
+    tokenizer: Any
+    valid_dl: Any
+    cfg: TrainConfig
+    state: TrainState
+    writer: SummaryWriterOrNull
+    save: Callable[[str], Any]
+    averager: ckpt.RunningAverage | None
+    max_duration: float | None
+    t0: float
+    window: dict[str, float] = field(default_factory=lambda: {"frames": 0.0, "t": time.time()})
+
+
+def _train_on(batch: dict[str, Any], e: _Epoch) -> None:
+    """One usable batch: step (or skip it when its loss is not finite), then log, validate and save as due."""
+    state, cfg, progress = e.state, e.cfg, e.state.progress
+    bare = unwrap(e.model)
+    state.batch_idx_train += 1
+    set_batch_count(bare, state.batch_idx_train)
+    if cfg.encoder_schedule_scale != 1.0 and hasattr(bare, "encoder"):
+        set_batch_count(bare.encoder, state.batch_idx_train * cfg.encoder_schedule_scale)
+    e.scheduler.step_batch(state.batch_idx_train)
+    log_now = (progress.batches_done - 1) % cfg.log_interval == 0
+    info = train_step(e.model, batch, optimizer=e.optimizer, scaler=e.scaler, policy=e.policy,
+                      tokenizer=e.tokenizer, cfg=cfg, state=state, save=e.save, averager=e.averager,
+                      want_grad_norm=log_now, max_duration=e.max_duration)
+    if info is None:
+        _skip(progress, NONFINITE, list(batch.get("cut_ids", [])), "the loss is not finite", state.batch_idx_train)
+        return
+    progress.steps += 1
+    progress.tot_loss += info["loss"]
+    progress.tot_frames += info["frames"]
+    e.window["frames"] += batch["features"].shape[0] * batch["features"].shape[1]
+    if log_now:
+        _log_step(info, batch, optimizer=e.optimizer, scaler=e.scaler, policy=e.policy, state=state,
+                  writer=e.writer, window=e.window)
+    if cfg.valid_interval and state.batch_idx_train % cfg.valid_interval == 0:
+        v = validate(e.model, e.valid_dl, e.tokenizer, e.policy)
+        e.writer.add_scalar("valid/loss", v, state.batch_idx_train)
+        _log_valid(v, f"after batch {state.batch_idx_train}")
+    if cfg.save_every_n and state.batch_idx_train % cfg.save_every_n == 0:
+        progress.seconds = time.time() - e.t0
+        e.save(ckpt.batch_checkpoint_path(cfg.exp_dir, state.batch_idx_train).name)
+        if is_main_process():
+            ckpt.keep_last_k(cfg.exp_dir, ckpt.BATCH_PATTERN, cfg.keep_last_k)
+
+
+def _consume(batch: Any, error: BaseException | None, e: _Epoch) -> None:
+    """One batch from the loader: train on it, or count and name why it is skipped."""
+    progress, state = e.state.progress, e.state
+    if error is not None:
+        _skip(progress, UNLOADABLE, [], f"the loader raised {type(error).__name__}: "
+              f"{(str(error).strip().splitlines() or [''])[-1][:300]}", state.batch_idx_train)
+        return
+    _report_dropped_cuts(batch, progress)
+    if batch["features"].shape[0] == 0:
+        ids = [d["cut_id"] for d in batch.get("dropped_cuts", [])]
+        _skip(progress, UNLOADABLE, ids, "no cut of the batch could be read", state.batch_idx_train)
+        return
+    _train_on(batch, e)
+
+
+def _stop_if_loader_broken(failures_in_a_row: int, error: BaseException | None, e: _Epoch) -> None:
+    if failures_in_a_row < _MAX_LOADER_FAILURES_IN_A_ROW:
+        return
+    path = ckpt.batch_checkpoint_path(e.cfg.exp_dir, e.state.batch_idx_train)
+    e.save(path.name)
+    raise TooManySkippedBatches(
+        f"the training data loader failed {failures_in_a_row} times in a row (last: {type(error).__name__}: "
+        f"{str(error)[:300]}); it is broken rather than serving a few bad batches. Saved {path}. Fix the loader "
+        "or the data, then continue with --resume latest") from error
+
+
 def train_one_epoch(
     *,
     model: nn.Module,
@@ -299,76 +380,40 @@ def train_one_epoch(
     ``cfg.max_batches_per_epoch`` ends; returns per-frame average training loss and the epoch's statistics.
 
     Raises:
-        TooManySkippedBatches: more skipped batches than ``cfg.max_skipped_fraction`` allows (a checkpoint named
-            in the message was saved first).
+        TooManySkippedBatches: more skipped batches than ``cfg.max_skipped_fraction`` allows, or a loader that
+            keeps failing (a checkpoint named in the message was saved first).
     """
     model.train()
-    bare = unwrap(model)
     progress = state.progress
-    t0 = time.time() - progress.seconds
-    window = {"frames": 0.0, "t": time.time()}
+    e = _Epoch(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, policy=policy,
+               tokenizer=tokenizer, valid_dl=valid_dl, cfg=cfg, state=state, writer=writer, save=save,
+               averager=averager, max_duration=max_duration, t0=time.time() - progress.seconds)
+    # a bar updated by hand: a tqdm-wrapped iterator would end the epoch at the first batch the loader fails on
+    bar = None
     if cfg.progress_bar and is_main_process():
         from tqdm import tqdm
 
-        batches = tqdm(batches, desc=f"epoch {state.epoch}", mininterval=5.0, leave=False,
-                       initial=progress.batches_done)
+        bar = tqdm(desc=f"epoch {state.epoch}", mininterval=5.0, leave=False, initial=progress.batches_done)
     batches = iter(batches)
     failures_in_a_row = 0
-    while not (cfg.max_batches_per_epoch and progress.batches_done >= cfg.max_batches_per_epoch):
-        try:
-            batch, error = _next_batch(batches)
-        except StopIteration:
-            break
-        progress.batches_done += 1
-        progress.last_cut_ids = batch_cut_ids(batch) if batch is not None else []
-        failures_in_a_row = failures_in_a_row + 1 if error is not None else 0
-        if failures_in_a_row >= _MAX_LOADER_FAILURES_IN_A_ROW:
-            save(ckpt.batch_checkpoint_path(cfg.exp_dir, state.batch_idx_train).name)
-            raise TooManySkippedBatches(
-                f"the training data loader failed {failures_in_a_row} times in a row (last: {type(error).__name__}: "
-                f"{str(error)[:300]}); it is broken rather than serving a few bad batches. Saved "
-                f"{ckpt.batch_checkpoint_path(cfg.exp_dir, state.batch_idx_train)}. Fix the loader or the data, then "
-                "continue with --resume latest") from error
-        if error is not None:
-            _skip(progress, UNLOADABLE, [], f"the loader raised {type(error).__name__}: "
-                  f"{(str(error).strip().splitlines() or [''])[-1][:300]}", state.batch_idx_train)
-        else:
-            _report_dropped_cuts(batch, progress)
-            if batch["features"].shape[0] == 0:
-                ids = [d["cut_id"] for d in batch.get("dropped_cuts", [])]
-                _skip(progress, UNLOADABLE, ids, "no cut of the batch could be read", state.batch_idx_train)
-            else:
-                state.batch_idx_train += 1
-                set_batch_count(bare, state.batch_idx_train)
-                if cfg.encoder_schedule_scale != 1.0 and hasattr(bare, "encoder"):
-                    set_batch_count(bare.encoder, state.batch_idx_train * cfg.encoder_schedule_scale)
-                scheduler.step_batch(state.batch_idx_train)
-                log_now = (progress.batches_done - 1) % cfg.log_interval == 0
-                info = train_step(model, batch, optimizer=optimizer, scaler=scaler, policy=policy,
-                                  tokenizer=tokenizer, cfg=cfg, state=state, save=save, averager=averager,
-                                  want_grad_norm=log_now, max_duration=max_duration)
-                if info is None:
-                    _skip(progress, NONFINITE, list(batch.get("cut_ids", [])), "the loss is not finite",
-                          state.batch_idx_train)
-                else:
-                    progress.steps += 1
-                    progress.tot_loss += info["loss"]
-                    progress.tot_frames += info["frames"]
-                    window["frames"] += batch["features"].shape[0] * batch["features"].shape[1]
-                    if log_now:
-                        _log_step(info, batch, optimizer=optimizer, scaler=scaler, policy=policy, state=state,
-                                  writer=writer, window=window)
-                    if cfg.valid_interval and state.batch_idx_train % cfg.valid_interval == 0:
-                        v = validate(model, valid_dl, tokenizer, policy)
-                        writer.add_scalar("valid/loss", v, state.batch_idx_train)
-                        _log_valid(v, f"after batch {state.batch_idx_train}")
-                    if cfg.save_every_n and state.batch_idx_train % cfg.save_every_n == 0:
-                        progress.seconds = time.time() - t0
-                        save(ckpt.batch_checkpoint_path(cfg.exp_dir, state.batch_idx_train).name)
-                        if is_main_process():
-                            ckpt.keep_last_k(cfg.exp_dir, ckpt.BATCH_PATTERN, cfg.keep_last_k)
-        _stop_if_too_many_skipped(progress, cfg, state, save, end_of_epoch=False)
-    progress.seconds = time.time() - t0
+    try:
+        while not (cfg.max_batches_per_epoch and progress.batches_done >= cfg.max_batches_per_epoch):
+            try:
+                batch, error = _next_batch(batches)
+            except StopIteration:
+                break
+            progress.batches_done += 1
+            progress.last_cut_ids = batch_cut_ids(batch) if batch is not None else []
+            failures_in_a_row = failures_in_a_row + 1 if error is not None else 0
+            _stop_if_loader_broken(failures_in_a_row, error, e)
+            _consume(batch, error, e)
+            _stop_if_too_many_skipped(progress, cfg, state, save, end_of_epoch=False)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    progress.seconds = time.time() - e.t0
     _stop_if_too_many_skipped(progress, cfg, state, save, end_of_epoch=True)
     return _epoch_stats(progress)
 

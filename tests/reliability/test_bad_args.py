@@ -168,7 +168,8 @@ def test_a_resume_under_another_precision_policy_warns(tmp_path, caplog):
     # bf16 keeps fp32 master weights in its optimizer: that state cannot come from a plain optimizer
     from asrprec.checkpoint import CheckpointMismatchError
 
-    with pytest.raises(CheckpointMismatchError, match=r"Fix: resume under the saved policy \(--precision amp-bf16\)"):
+    with pytest.raises(CheckpointMismatchError, match=r"Fix: resume under the saved policy \(--precision amp-bf16\)"), \
+            pytest.warns(CheckpointPolicyWarning):
         resume("bf16", 3)
 
 

@@ -156,7 +156,8 @@ def _iterate(failing):
     return Loader()
 
 
-def test_unloadable_batches_are_skipped_counted_and_logged(tmp_path, caplog):
+@pytest.mark.parametrize("progress_bar", [False, True])
+def test_unloadable_batches_are_skipped_counted_and_logged(tmp_path, caplog, progress_bar):
     data = batches(6)
     data[2] = {**data[2], "features": torch.zeros(0, 0, 80), "feature_lens": torch.zeros(0, dtype=torch.int64),
                "texts": [], "cut_ids": [], "dropped_cuts": [{"cut_id": "c2a", "reason": "unreadable features (x)"},
@@ -164,8 +165,8 @@ def test_unloadable_batches_are_skipped_counted_and_logged(tmp_path, caplog):
     caplog.set_level("WARNING", logger="asrprec.train")
     state = train(model=make_model(), policy=get_policy("fp32", "cpu"), tokenizer=Tok(),
                   train_dl=_iterate(Failing(data, bad={4})), valid_dl=batches(1, 1),
-                  cfg=config(tmp_path, num_epochs=1, max_skipped_fraction=0.5))
-    h = state.history[0]
+                  cfg=config(tmp_path, num_epochs=1, max_skipped_fraction=0.5, progress_bar=progress_bar))
+    h = state.history[0]  # the epoch goes on after the failing batch (a progress bar must not end it there)
     assert h["skipped_batches"] == {"unloadable": 2} and h["steps"] == 4 and h["batches"] == 6
     assert "skipped, unloadable: no cut of the batch could be read; cuts: c2a, c2b" in caplog.text
     assert "skipped, unloadable: the loader raised RuntimeError: OSError: cannot read shard 4" in caplog.text
