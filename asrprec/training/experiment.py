@@ -46,6 +46,11 @@ class ExperimentError(ValueError):
     """The experiment folder cannot be used as asked; the message names the file and the fix."""
 
 
+class ModelMismatchError(ExperimentError, ckpt.CheckpointMismatchError):
+    """A resume with another model than the run's (a :class:`~asrprec.checkpoint.CheckpointMismatchError` too:
+    the run's checkpoints do not fit it)."""
+
+
 # -- reading ---------------------------------------------------------------------------------------
 
 
@@ -133,7 +138,7 @@ def check_model_config(exp_dir: str | os.PathLike, model_config: dict[str, Any] 
     """Refuse a model whose architecture differs from the ``model.json`` the folder's run recorded.
 
     Raises:
-        ExperimentError: naming each differing setting and the fix.
+        ModelMismatchError: naming each differing setting and the fix.
     """
     path = Path(exp_dir) / MODEL_NAME
     if model_config is None or not path.is_file():
@@ -143,7 +148,7 @@ def check_model_config(exp_dir: str | os.PathLike, model_config: dict[str, Any] 
     diff = _differences({k: v for k, v in stored.items() if k not in MUTABLE_MODEL_KEYS},
                         {k: v for k, v in new.items() if k not in MUTABLE_MODEL_KEYS})
     if diff:
-        raise ExperimentError(
+        raise ModelMismatchError(
             f"{path} records another model than the one this command builds ({'; '.join(diff[:6])}). Resuming would "
             f"load the run's checkpoints into the wrong architecture. Fix: resume with the run's model settings (as "
             f"in {path}), or train the new model in another --exp-dir")
@@ -268,7 +273,7 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[st
         raise ExperimentError(
             f"{resume_from} is not the newest checkpoint in {exp_dir}: {names} went further. Resuming from it would "
             f"leave those beside the new ones, and --avg or --resume latest would mix the two continuations. Fix: "
-            f"--resume latest (or --resume {newer[-1].name}), or add --overwrite to delete the newer checkpoints")
+            f"--resume latest, or add --overwrite to delete the newer checkpoints")
     if newer and rank == 0:
         _delete(newer, exp_dir, f"the continuation after {resume_from.name}")
     return resume_from
@@ -293,12 +298,14 @@ def record_run_start(exp_dir: str | os.PathLike, *, model_config: dict[str, Any]
     if rank != 0:
         return
     exp_dir = Path(exp_dir)
-    record_model_config(exp_dir, model_config)
     event: dict[str, Any] = {"command": list(sys.argv), "precision": precision}
-    if resume is None:
+    if resume is None:  # a new run (prepare_experiment made sure no other run's checkpoints are here)
+        if model_config is not None:
+            ckpt.atomic_write_text(exp_dir / MODEL_NAME, json.dumps(_jsonable(model_config), indent=1))
         ckpt.atomic_write_text(exp_dir / CONFIG_NAME, json.dumps(_jsonable(config), indent=1))
         append_history(exp_dir, {"event": "start", **event})
         return
+    record_model_config(exp_dir, model_config)
     changed = _differences(_without_invocation(resume.pop("config", {}) or {}), _without_invocation(config))
     append_history(exp_dir, {"event": "resume", **resume, **event, "changed": changed})
     if changed:

@@ -52,9 +52,15 @@ def run(data_root: Path, exp_dir: Path, *, precision: str = "fp32", num_workers:
     model = build_model(tokenizer, seed)
     cuts = load(Path(data_root))
     data = AsrDataModule(DataConfig(max_duration=max_duration, num_buckets=2, num_workers=num_workers, seed=seed))
-    return train(model=model, policy=get_policy(precision, "cpu"), tokenizer=tokenizer,
-                 train_dl=data.train_dataloader(cuts["train"]), valid_dl=data.valid_dataloader(cuts["dev"]),
-                 cfg=train_config(exp_dir, seed=seed, **cfg_kw), model_config=model_config(tokenizer))
+    # bitwise comparisons need the same reductions: the same number of threads in every run
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train(model=model, policy=get_policy(precision, "cpu"), tokenizer=tokenizer,
+                     train_dl=data.train_dataloader(cuts["train"]), valid_dl=data.valid_dataloader(cuts["dev"]),
+                     cfg=train_config(exp_dir, seed=seed, **cfg_kw), model_config=model_config(tokenizer))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def weights(path: Path) -> dict[str, Any]:

@@ -142,6 +142,11 @@ def test_another_model_cannot_resume_a_run(trained, data_root, tmp_path):
     assert "model.json records another model than the one this command builds (encoder_overrides.encoder_dim: " \
            "[32, 32, 32] -> [40, 40, 40]" in str(out.code) and "another --exp-dir" in str(out.code)
     assert (exp / "model.json").read_text() == model_json  # the run stays decodable
+    from asrprec.checkpoint import CheckpointMismatchError
+    from asrprec.training.experiment import check_model_config
+
+    with pytest.raises(CheckpointMismatchError, match="another --exp-dir"):
+        check_model_config(exp, {**json.loads(model_json), "context_size": 3})
     (exp / "model.json").unlink()  # without the record, the checkpoint itself refuses, naming the file
     out = recipe(*args)
     assert f"the checkpoint {exp / 'epoch-2.pt'} does not fit this model" in str(out.code)
