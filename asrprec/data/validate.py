@@ -108,7 +108,8 @@ def _files(cut: Any) -> list[str]:
         out.append(os.path.join(path, key) if os.path.isdir(path) else path)
     elif cut.has_recording:
         out += [str(s.source) for s in cut.recording.sources if s.type == "file"]
-    return [f for f in out if "://" not in f]  # remote storage (s3://, http://) is checked by loading only
+    # remote storage (s3://, http://) and in-memory arrays are checked by loading only
+    return [f for f in out if f and "://" not in f]
 
 
 def _words(cuts: Iterable[Any]) -> dict[str, int]:
