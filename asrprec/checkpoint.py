@@ -8,10 +8,13 @@ What a checkpoint holds (one ``torch.save`` dict; every entry loads with ``torch
                      {"weights": float64 state_dict, "count": snapshots, "period": batches between them}
     optimizer        optimizer.state_dict()           optimizer_kind  "master" (bf16 fp32-master wrapper) | "plain"
     scheduler        scheduler.state_dict()           scaler          scaler.state_dict()
-    sampler          sampler.state_dict()             config          dict (the run's configuration)
+    sampler          optional sampler.state_dict()    config          dict (the run's configuration)
     policy           policy.describe() (policy name + effective dtypes)
-    rng              python / numpy / torch CPU / torch CUDA generator states
-    extra            dict of counters (epoch, batch_idx_train, best losses...)
+    rng              python / numpy / torch CPU / torch CUDA generator states (:mod:`asrprec.rng`)
+    runtime_state    optional state modules keep outside their state_dict (:func:`module_runtime_state`)
+    extra            dict of counters (epoch, batch_idx_train, best losses...); the training loop adds
+                     ``progress`` (the position within the epoch, :class:`asrprec.training.resume.EpochProgress`)
+                     and ``history`` (the epochs' records)
 
 Writing is atomic: a temporary file in the destination directory, flushed and fsync-ed, then ``os.replace``
 onto the destination; a failure at any point leaves the previous checkpoint untouched and no temporary file
@@ -33,8 +36,8 @@ Loading across precision policies (rule):
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import random
 import re
 import tempfile
 import warnings
@@ -44,11 +47,23 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from asrprec.rng import get_rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
 FORMAT_VERSION = 1
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used; the message names the file and the fix."""
+
+
+class CheckpointMismatchError(CheckpointError):
     """A checkpoint's contents do not fit the objects it is being loaded into."""
+
+
+class CheckpointReadError(CheckpointError):
+    """A checkpoint file exists but cannot be read (empty, truncated, corrupt, or not a checkpoint)."""
 
 
 class CheckpointPolicyWarning(UserWarning):
@@ -79,53 +94,6 @@ def _saved_optimizer_kind(state: dict) -> str:
     return "master" if isinstance(state, dict) and "masters" in state and "inner" in state else "plain"
 
 
-def get_rng_state() -> dict:
-    """Python, numpy, torch CPU and (if available) CUDA generator states, in weights_only-loadable form."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-    except ImportError:  # numpy is optional for asrprec itself
-        np = None
-    if np is not None:
-        name, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = {
-            "name": name, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached_gaussian": float(cached),
-        }
-    # Only if CUDA is in use: querying the states would otherwise create a CUDA context (hundreds of MB) in a
-    # CPU-only run; an uninitialised CUDA generator has produced nothing that a resume would need.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore what :func:`get_rng_state` captured (components missing on either side are skipped)."""
-    if "python" in state:
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-    if "torch" in state:
-        torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        try:
-            import numpy as np
-        except ImportError:
-            np = None
-        if np is not None:
-            s = state["numpy"]
-            keys = s["keys"].numpy().astype(np.uint32)
-            np.random.set_state((s["name"], keys, s["pos"], s["has_gauss"], s["cached_gaussian"]))
-    if "cuda" in state and torch.cuda.is_available():
-        saved = state["cuda"]
-        if len(saved) != torch.cuda.device_count():
-            warnings.warn(
-                f"checkpoint has CUDA RNG states for {len(saved)} devices, this process sees "
-                f"{torch.cuda.device_count()}; restoring the first {min(len(saved), torch.cuda.device_count())}"
-            )
-        for i, s in enumerate(saved[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(s, i)
-
-
 def _fsync_dir(directory: Path) -> None:
     # Makes the rename itself durable; not possible on every platform/filesystem (best effort).
     with contextlib.suppress(OSError):
@@ -136,14 +104,13 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save(obj, path)`` that either fully replaces ``path`` or leaves it as it was."""
+def _atomic_write(path: str | os.PathLike, write) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are ordinary readable files
@@ -154,6 +121,34 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save(obj, path)`` that either fully replaces ``path`` or leaves it as it was."""
+    return _atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` so that ``path`` holds either the old or the whole new text."""
+    return _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def module_runtime_state(model: nn.Module) -> dict[str, dict]:
+    """State that modules keep outside their ``state_dict`` but that later steps depend on (e.g. the Zipformer's
+    ``Whiten`` probability, which its backward updates): ``{module name: module.runtime_state_dict()}`` for every
+    submodule defining ``runtime_state_dict``. Kept apart from the weights, so that weight files, averaging and
+    older checkpoints are unaffected."""
+    return {name: m.runtime_state_dict() for name, m in unwrap_model(model).named_modules()
+            if callable(getattr(m, "runtime_state_dict", None))}
+
+
+def load_module_runtime_state(model: nn.Module, state: dict[str, dict]) -> None:
+    """Restore :func:`module_runtime_state` (modules missing on either side are skipped)."""
+    modules = dict(unwrap_model(model).named_modules())
+    for name, s in state.items():
+        m = modules.get(name)
+        if m is not None and callable(getattr(m, "load_runtime_state_dict", None)):
+            m.load_runtime_state_dict(s)
 
 
 # -- save / load -----------------------------------------------------------------------------------
@@ -197,6 +192,9 @@ def save_checkpoint(
         "extra": dict(extra or {}),
         "rng": get_rng_state(),
     }
+    runtime = module_runtime_state(model)
+    if runtime:
+        ckpt["runtime_state"] = runtime
     if model_avg is not None:
         ckpt["model_avg"] = unwrap_model(model_avg).state_dict()
     if optimizer is not None:
@@ -208,21 +206,57 @@ def save_checkpoint(
     return atomic_torch_save(ckpt, path)
 
 
-def read_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu", weights_only: bool = True) -> dict:
-    """``torch.load`` a checkpoint with a clear error for a missing file or a non-checkpoint."""
+def _present_checkpoints(directory: Path) -> str:
+    names = [p.name for p in list_checkpoints(directory, EPOCH_PATTERN)[::-1]]
+    names += [p.name for p in list_checkpoints(directory, BATCH_PATTERN)[::-1]]
+    return ", ".join(names) or "none"
+
+
+def read_checkpoint(
+    path: str | os.PathLike, *, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
+) -> dict:
+    """``torch.load`` a checkpoint; every failure names the file and the fix.
+
+    Raises:
+        FileNotFoundError: no such file (the message lists the checkpoints present in its folder).
+        CheckpointReadError: an empty, truncated or corrupt file, one that is not an asrprec checkpoint, or (with
+            ``weights_only``) one holding objects that safe loading refuses.
+    """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=weights_only)
-    except Exception as e:  # pickle / zip errors come in many types
-        hint = (
-            " If the file is trusted and holds custom objects (e.g. a sampler state), pass weights_only=False."
-            if weights_only else ""
+        where = path.parent
+        present = _present_checkpoints(where) if where.is_dir() else f"the folder {where} does not exist"
+        raise FileNotFoundError(
+            f"checkpoint {path} does not exist (checkpoints in {where}: {present}). Fix: pick one of those (or "
+            f"--resume latest for the newest complete one), or check --exp-dir"
         )
-        raise CheckpointMismatchError(f"cannot read checkpoint {path}: {e}.{hint}") from e
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointReadError(
+            f"checkpoint {path} is empty (0 bytes): its writing was cut off before any data reached the disk, or "
+            f"the disk was full. Fix: delete it and resume from another checkpoint (--resume latest picks the newest "
+            f"complete one; present: {_present_checkpoints(path.parent)})"
+        )
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
+    except Exception as e:  # pickle / zip errors come in many types
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if weights_only and "Weights only load failed" in str(e):
+            raise CheckpointReadError(
+                f"checkpoint {path} holds Python objects that safe loading (weights_only=True) refuses ({first}). "
+                "asrprec's own checkpoints never do. Fix: if the file comes from a source you trust, load it with "
+                "weights_only=False; otherwise do not load it"
+            ) from e
+        raise CheckpointReadError(
+            f"checkpoint {path} ({size:,} bytes) cannot be read: it is truncated or corrupt ({type(e).__name__}: "
+            f"{first}). Fix: delete it and resume from another checkpoint (--resume latest picks the newest "
+            f"complete one; present: {_present_checkpoints(path.parent)})"
+        ) from e
     if not isinstance(ckpt, dict) or "model" not in ckpt:
-        raise CheckpointMismatchError(f"{path} is not an asrprec checkpoint (no 'model' entry)")
+        raise CheckpointReadError(
+            f"{path} is not an asrprec checkpoint (no 'model' entry). Fix: pass a file written by asrprec's "
+            "training (epoch-N.pt or checkpoint-N.pt)"
+        )
     return ckpt
 
 
@@ -240,6 +274,7 @@ def load_checkpoint(
     restore_rng: bool = True,
     map_location: Any = "cpu",
     weights_only: bool = True,
+    checkpoint: dict | None = None,
 ) -> dict:
     """Load a checkpoint into the given objects (those left None are not touched).
 
@@ -252,10 +287,12 @@ def load_checkpoint(
         strict: passed to ``model.load_state_dict``.
         restore_rng: restore python / numpy / torch (CPU, CUDA) generator states, for an exact resume.
         map_location: where tensors are loaded (``"cpu"`` then copied into the objects' own devices).
+        checkpoint: the contents of ``path`` if already read with :func:`read_checkpoint` (not read again).
     Returns:
         ``{"extra": dict, "config": dict, "policy": dict | None, "format_version": int}``.
     """
-    ckpt = read_checkpoint(path, map_location=map_location, weights_only=weights_only)
+    ckpt = checkpoint if checkpoint is not None else read_checkpoint(path, map_location=map_location,
+                                                                     weights_only=weights_only)
     saved_policy = ckpt.get("policy")
     if policy is not None and saved_policy is not None and saved_policy.get("policy") != policy.name:
         warnings.warn(
@@ -289,7 +326,13 @@ def load_checkpoint(
             )
 
     if model is not None:
-        unwrap_model(model).load_state_dict(ckpt["model"], strict=strict)
+        if strict:
+            load_model_weights(model, ckpt["model"], source=f"checkpoint {path}", fix=(
+                "resume with the model settings of the run that wrote it (its folder's model.json / config.json), "
+                "or start the new model in another --exp-dir"))
+        else:
+            unwrap_model(model).load_state_dict(ckpt["model"], strict=False)
+        load_module_runtime_state(model, ckpt.get("runtime_state", {}))
     if model_avg is not None:
         unwrap_model(model_avg).load_state_dict(need("model_avg"), strict=strict)
     # After the model: the master-weights optimizer copies its fp32 masters into the model's bf16 params.
@@ -314,8 +357,12 @@ def load_checkpoint(
 # -- file names, rotation --------------------------------------------------------------------------
 
 
-def load_model_weights(model: nn.Module, state: dict[str, torch.Tensor], *, source: str = "checkpoint") -> None:
+def load_model_weights(model: nn.Module, state: dict[str, torch.Tensor], *, source: str = "checkpoint",
+                       fix: str | None = None) -> None:
     """``model.load_state_dict(state)`` (strict), with an error that says which tensors disagree and what to do.
+
+    ``source`` names where ``state`` came from in the message; ``fix`` replaces the default advice (which is
+    written for decoding with a recipe's ``model.json``).
 
     Raises:
         CheckpointMismatchError: missing or unexpected tensor names, or shapes that differ, e.g. when a recipe's
@@ -334,6 +381,10 @@ def load_model_weights(model: nn.Module, state: dict[str, torch.Tensor], *, sour
             parts.append(f"{len(missing)} tensor(s) missing from the {source}, e.g. {missing[:3]}")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected tensor(s), e.g. {unexpected[:3]}")
+        if fix is not None:
+            raise CheckpointMismatchError(
+                f"the {source} does not fit this model ({'; '.join(parts)}): it was trained with another "
+                f"architecture. Fix: {fix}.")
         raise CheckpointMismatchError(
             f"the {source} does not fit this model ({'; '.join(parts)}). The model was built with a different "
             "architecture from the one the checkpoint was trained with. Fix: build the model with the training "
@@ -342,6 +393,14 @@ def load_model_weights(model: nn.Module, state: dict[str, torch.Tensor], *, sour
             "Conformer 'tiny' trained before 2026-12-01)."
         )
     unwrap_model(model).load_state_dict(state)
+
+
+#: end-of-epoch checkpoints (icefall's names), periodic mid-epoch checkpoints, and the file saved on a failure
+EPOCH_PATTERN = "epoch-*.pt"
+BATCH_PATTERN = "checkpoint-*.pt"
+BAD_MODEL_NAME = "bad-model.pt"
+# the temporary files of atomic_torch_save / atomic_write_text: ".<name>.<random>.tmp" beside the destination
+_TEMPORARY_PATTERNS = (".*.pt.*.tmp", ".*.json.*.tmp")
 
 
 def epoch_checkpoint_path(exp_dir: str | os.PathLike, epoch: int) -> Path:
@@ -354,19 +413,111 @@ def batch_checkpoint_path(exp_dir: str | os.PathLike, batch_idx_train: int) -> P
     return Path(exp_dir) / f"checkpoint-{batch_idx_train}.pt"
 
 
+def bad_model_path(exp_dir: str | os.PathLike) -> Path:
+    """``exp_dir/bad-model.pt``: the state saved when training stops on an error, for inspection."""
+    return Path(exp_dir) / BAD_MODEL_NAME
+
+
+def oom_batch_path(exp_dir: str | os.PathLike, batch_idx_train: int, rank: int | None = None) -> Path:
+    """``exp_dir/oom-batch-{batch_idx_train}[-rank{rank}].pt``: a batch that ran out of memory, for reproduction."""
+    return Path(exp_dir) / f"oom-batch-{batch_idx_train}{'' if rank is None else f'-rank{rank}'}.pt"
+
+
 def _number(p: Path) -> int | None:
     nums = re.findall(r"\d+", p.stem)
     return int(nums[-1]) if nums else None
 
 
-def list_checkpoints(exp_dir: str | os.PathLike, pattern: str = "checkpoint-*.pt") -> list[Path]:
+def list_checkpoints(exp_dir: str | os.PathLike, pattern: str = BATCH_PATTERN) -> list[Path]:
     """Files matching ``pattern`` that carry a number, newest (largest number) first."""
     files = [(n, p) for p in Path(exp_dir).glob(pattern) if (n := _number(p)) is not None]
     return [p for _, p in sorted(files, key=lambda x: x[0], reverse=True)]
 
 
+def training_checkpoints(exp_dir: str | os.PathLike) -> list[Path]:
+    """Every ``epoch-N.pt`` and ``checkpoint-N.pt`` in ``exp_dir`` (a run's resumable files), sorted by name."""
+    return sorted(list_checkpoints(exp_dir, EPOCH_PATTERN) + list_checkpoints(exp_dir, BATCH_PATTERN))
+
+
+def remove_stale_temporaries(exp_dir: str | os.PathLike, *, rank: int = 0) -> list[Path]:
+    """Delete the temporary files that writes killed mid-way left in ``exp_dir`` (``.<name>.<random>.tmp``).
+
+    Call it when a run starts, before anything writes into the folder: a temporary file is never a checkpoint
+    (only a completed write is renamed onto a checkpoint name). Only rank 0 deletes. Returns the deleted paths.
+    """
+    if rank != 0 or not Path(exp_dir).is_dir():
+        return []
+    stale = sorted(p for pattern in _TEMPORARY_PATTERNS for p in Path(exp_dir).glob(pattern))
+    for p in stale:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    if stale:
+        log.info("removed %d unfinished checkpoint write(s) from %s: %s", len(stale), exp_dir,
+                 ", ".join(p.name for p in stale))
+    return stale
+
+
+def checkpoint_position(path: str | os.PathLike) -> tuple[int, int, bool]:
+    """Where in training ``path`` was written: ``(batch_idx_train, epoch, end_of_epoch)``, read without loading
+    its tensors (memory-mapped). Raises what :func:`read_checkpoint` raises."""
+    ckpt = read_checkpoint(path, mmap=True)
+    extra = ckpt.get("extra", {})
+    if "batch_idx_train" not in extra:
+        raise CheckpointReadError(f"{path} records no training position (extra['batch_idx_train']); it cannot be "
+                                  "resumed from. Fix: resume from a checkpoint written by asrprec's training loop")
+    progress = extra.get("progress") or {}
+    end = bool(progress.get("epoch_done", Path(path).name.startswith("epoch-")))
+    return int(extra["batch_idx_train"]), int(extra.get("epoch", 0)), end
+
+
+def _first_readable(paths: list[Path], unreadable: list[str]) -> tuple[Path, tuple[int, int, bool]] | None:
+    """The first of ``paths`` (newest first) whose position can be read; the others are noted and skipped."""
+    for path in paths:
+        try:
+            return path, checkpoint_position(path)
+        except (CheckpointError, OSError) as e:
+            unreadable.append(path.name)
+            log.warning("--resume latest: skipping %s: %s", path, e)
+    return None
+
+
+def find_latest_checkpoint(exp_dir: str | os.PathLike) -> Path:
+    """The newest complete checkpoint in ``exp_dir`` (``--resume latest``): the one furthest into training among
+    ``epoch-N.pt`` and ``checkpoint-N.pt``; at the same batch the end-of-epoch one (it is written later).
+
+    Only the newest readable file of each kind is opened (names order each kind: epochs, batches); files that
+    cannot be read (empty, truncated, not a checkpoint) are skipped with a warning naming them.
+
+    Raises:
+        FileNotFoundError: the folder holds no readable checkpoint (the message says what it found).
+    """
+    exp_dir = Path(exp_dir)
+    if not exp_dir.is_dir():
+        raise FileNotFoundError(f"--resume latest: the experiment folder {exp_dir} does not exist. Fix: check "
+                                "--exp-dir, or start a new run without --resume")
+    unreadable: list[str] = []
+    found = [f for f in (_first_readable(list_checkpoints(exp_dir, EPOCH_PATTERN), unreadable),
+                         _first_readable(list_checkpoints(exp_dir, BATCH_PATTERN), unreadable)) if f is not None]
+    if not found:
+        what = f" (unreadable: {', '.join(unreadable)})" if unreadable else ""
+        raise FileNotFoundError(f"--resume latest: no complete checkpoint in {exp_dir}{what}. Fix: start a new run "
+                                "without --resume (add --overwrite if the folder holds another run's files)")
+    return max(found, key=lambda f: (f[1][0], f[1][2]))[0]
+
+
+def newer_checkpoints(exp_dir: str | os.PathLike, position: tuple[int, int, bool]) -> list[Path]:
+    """The checkpoints of ``exp_dir`` written after the training ``position`` ``(batch_idx_train, epoch,
+    end_of_epoch)``, told by their names: ``checkpoint-B.pt`` with B beyond the batch, ``epoch-N.pt`` with N beyond
+    the epoch (or equal, when the position is within epoch N)."""
+    batch, epoch, end = position
+    newer = [p for p in list_checkpoints(exp_dir, BATCH_PATTERN) if _number(p) > batch]
+    newer += [p for p in list_checkpoints(exp_dir, EPOCH_PATTERN)
+              if _number(p) > epoch or (_number(p) == epoch and not end)]
+    return sorted(newer)
+
+
 def keep_last_k(
-    exp_dir: str | os.PathLike, pattern: str = "checkpoint-*.pt", k: int = 30, *, rank: int = 0
+    exp_dir: str | os.PathLike, pattern: str = BATCH_PATTERN, k: int = 30, *, rank: int = 0
 ) -> list[Path]:
     """Delete all but the ``k`` newest checkpoints matching ``pattern`` (ordered by the number in the name).
 
@@ -393,7 +544,7 @@ def find_epoch_checkpoints(exp_dir: str | os.PathLike, epoch: int, avg: int) -> 
     paths = [epoch_checkpoint_path(exp_dir, e) for e in range(epoch - avg + 1, epoch + 1)]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
-        have = [p.name for p in sorted(list_checkpoints(exp_dir, "epoch-*.pt"), key=_number)]
+        have = [p.name for p in sorted(list_checkpoints(exp_dir, EPOCH_PATTERN), key=_number)]
         raise FileNotFoundError(
             f"cannot average epochs {epoch - avg + 1}..{epoch}: missing {', '.join(missing)} in {exp_dir} "
             f"(present: {', '.join(have) or 'none'}). Fix: choose --epoch/--avg within the present epochs."

@@ -135,6 +135,19 @@ class Tokenizer:
                 raise ValueError(f"text {text!r} contains the reserved blank symbol {BLANK!r}; remove it from the transcript")
         return ids
 
+    def unknown_words(self, words: Iterable[str]) -> list[str]:
+        """The words among ``words`` that this tokenizer can only spell with ``<unk>`` (a piece it lacks), or that
+        contain the reserved blank symbol (which :meth:`encode` refuses).
+
+        A word's pieces are the same inside a sentence as alone (sentencepiece splits on whitespace first), so
+        a transcript trains on ``<unk>`` exactly when it contains one of these words.
+        """
+        words = list(dict.fromkeys(w for w in words if w))
+        if not words:
+            return []
+        unk = self.unk_id
+        return [w for w, ids in zip(words, self.sp.encode(words, out_type=int)) if unk in ids or BLANK_ID in ids]
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of one id sequence; blank ids are dropped (a list of ints or a 1-D tensor)."""
         return self.sp.decode([int(i) for i in ids if int(i) != BLANK_ID])

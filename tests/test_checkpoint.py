@@ -274,3 +274,49 @@ def test_load_model_weights_names_the_mismatch_and_the_fix():
         load_model_weights(deeper, src.state_dict())
     with pytest.raises(CheckpointMismatchError, match="unexpected"):
         load_model_weights(torch.nn.Sequential(torch.nn.Linear(3, 4)), src.state_dict())
+
+
+def _at(path, batch, epoch, end):
+    """A checkpoint file recording only a training position."""
+    save_checkpoint(path, model=nn.Linear(1, 1), extra={"batch_idx_train": batch, "epoch": epoch,
+                                                        "progress": {"epoch": epoch, "epoch_done": end}})
+
+
+def test_latest_and_newer_checkpoints_follow_the_training_position(tmp_path):
+    from asrprec.checkpoint import find_latest_checkpoint, newer_checkpoints, remove_stale_temporaries
+
+    _at(tmp_path / "checkpoint-4.pt", 4, 1, False)  # the last batch of epoch 1 ...
+    _at(tmp_path / "epoch-1.pt", 4, 1, True)  # ... then the end of epoch 1 at the same batch
+    _at(tmp_path / "checkpoint-2.pt", 2, 1, False)
+    assert find_latest_checkpoint(tmp_path).name == "epoch-1.pt"
+    _at(tmp_path / "checkpoint-6.pt", 6, 2, False)
+    assert find_latest_checkpoint(tmp_path).name == "checkpoint-6.pt"
+    names = lambda ps: [p.name for p in ps]
+    assert names(newer_checkpoints(tmp_path, (2, 1, False))) == ["checkpoint-4.pt", "checkpoint-6.pt", "epoch-1.pt"]
+    assert names(newer_checkpoints(tmp_path, (4, 1, False))) == ["checkpoint-6.pt", "epoch-1.pt"]
+    assert names(newer_checkpoints(tmp_path, (4, 1, True))) == ["checkpoint-6.pt"]
+    # an unreadable newest file is passed over; a leftover of a killed write is no checkpoint and is removed
+    (tmp_path / "checkpoint-8.pt").write_bytes(b"PK\x03\x04 truncated")
+    (tmp_path / ".checkpoint-9.pt.x1y2z3.tmp").write_bytes(b"half")
+    assert find_latest_checkpoint(tmp_path).name == "checkpoint-6.pt"
+    assert names(remove_stale_temporaries(tmp_path)) == [".checkpoint-9.pt.x1y2z3.tmp"]
+    assert not (tmp_path / ".checkpoint-9.pt.x1y2z3.tmp").exists()
+
+
+def test_unreadable_checkpoints_are_named_with_the_fix(tmp_path):
+    from asrprec.checkpoint import CheckpointReadError, read_checkpoint
+
+    _at(tmp_path / "epoch-1.pt", 1, 1, True)
+    (tmp_path / "epoch-2.pt").write_bytes(b"")
+    with pytest.raises(CheckpointReadError, match=r"epoch-2.pt is empty \(0 bytes\).*present: epoch-1.pt, epoch-2.pt"):
+        read_checkpoint(tmp_path / "epoch-2.pt")
+    data = (tmp_path / "epoch-1.pt").read_bytes()
+    (tmp_path / "epoch-3.pt").write_bytes(data[:-100])
+    with pytest.raises(CheckpointReadError, match="truncated or corrupt") as info:
+        read_checkpoint(tmp_path / "epoch-3.pt")
+    assert "weights_only" not in str(info.value)
+    with pytest.raises(FileNotFoundError, match=r"epoch-4.pt does not exist \(checkpoints in .*: epoch-1.pt"):
+        read_checkpoint(tmp_path / "epoch-4.pt")
+    torch.save({"model": {}, "extra": Sampler()}, tmp_path / "custom.pt")  # a Python object safe loading refuses
+    with pytest.raises(CheckpointReadError, match="safe loading .*refuses.*source you trust"):
+        read_checkpoint(tmp_path / "custom.pt")

@@ -5,7 +5,7 @@ the corpus generator's spawn workers start without importing torch or lhotse.
 
 * :func:`generate_corpus`, :func:`load_corpus` — :mod:`asrprec.data.synthetic`
 * :func:`compute_fbank`, :func:`compute_corpus_fbank`, :class:`OnTheFlyFbank`, :func:`load_fbank_cuts` — :mod:`asrprec.data.features`
-* :func:`validate_cuts`, :func:`filter_by_duration` — :mod:`asrprec.data.validate`
+* :func:`check_cuts`, :class:`DataReport`, :class:`DataCheckError`, :func:`validate_cuts`, :func:`filter_by_duration` — :mod:`asrprec.data.validate`
 * :class:`DataConfig`, :class:`SpecAugmentConfig`, :class:`NoiseMixConfig`, :class:`AsrDataModule` — :mod:`asrprec.data.datamodule`
 * :func:`compute_fbank_lazy` — :mod:`asrprec.data.features`
 * :func:`load_cuts`, :func:`write_cuts`, :func:`speed_perturbed`, :func:`shuffle_manifests` — :mod:`asrprec.data.manifests`
@@ -28,6 +28,9 @@ _EXPORTS = {
     "load_fbank_cuts": "features",
     "fbank_extractor": "features",
     "validate_cuts": "validate",
+    "check_cuts": "validate",
+    "DataReport": "validate",
+    "DataCheckError": "validate",
     "filter_by_duration": "validate",
     "DataConfig": "datamodule",
     "SpecAugmentConfig": "datamodule",

@@ -12,7 +12,9 @@ A batch is a dict (legend: B cuts, T feature frames, F = 80 mel bins):
 * ``features``: (B, T, F) float32, zero-padded on the right past each row's length;
 * ``feature_lens``: (B,) int64, valid frames per row;
 * ``texts``: list[str] of length B (a cut's supervisions joined by spaces);
-* ``cut_ids``: list[str] of length B.
+* ``cut_ids``: list[str] of length B;
+* ``dropped_cuts`` (only when a cut was left out): list of ``{"cut_id", "reason"}`` for cuts whose features or
+  audio could not be read, or (training and validation) whose transcript is empty; B may then be 0.
 
 Rows are sorted by duration, longest first (what packing-based losses and encoders expect).
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -29,6 +32,7 @@ import torch
 
 from asrprec._optional import require
 from asrprec.data.validate import filter_by_duration
+from asrprec.rng import seed_from, seeded_rng
 
 log = logging.getLogger(__name__)
 
@@ -125,52 +129,116 @@ def _from_dict(cls: type, d: dict[str, Any]) -> Any:
 
 
 class AsrDataset(torch.utils.data.Dataset):
-    """Maps a CutSet (one sampler batch) to the batch dict described in the module doc."""
+    """Maps a CutSet (one sampler batch) to the batch dict described in the module doc.
+
+    A cut whose features or audio cannot be read, or (with ``drop_empty_transcripts``, for training and validation
+    losses; a test reference may be empty) whose transcript is empty, is left out of its batch and
+    named in ``batch["dropped_cuts"]`` (a list of ``{"cut_id", "reason"}``; the key is present only when a cut
+    was left out); a batch of which no cut remains has zero rows. The training loop logs and counts both.
+
+    Augmentation (``cut_transforms`` such as noise mixing, then SpecAugment) is seeded per batch from ``seed``, the
+    epoch (:meth:`set_epoch`) and the batch's cut ids, inside a block that restores the process's random generators
+    afterwards: a batch is augmented the same way in whichever process or DataLoader worker prepares it, so a
+    resumed run (or one with another ``num_workers``) sees exactly the batches of an uninterrupted one, and the
+    training process's own random draws are untouched.
+    """
 
     def __init__(self, *, on_the_fly_feats: bool, spec_augment: Any | None = None, num_mel_bins: int = 80,
+                 seed: int = 0, drop_empty_transcripts: bool = True,
                  cut_transforms: Sequence[Callable[[Any], Any]] = ()) -> None:
         super().__init__()
+        self.drop_empty_transcripts = drop_empty_transcripts
         self.spec_augment = spec_augment
         # CutSet -> CutSet transforms applied before features are read (lhotse CutMix: noise mixing)
         self.cut_transforms = list(cut_transforms)
+        self.num_mel_bins = num_mel_bins
+        self.seed = seed
+        self.epoch = 0
         self.otf = None
         if on_the_fly_feats:
             from asrprec.data.features import OnTheFlyFbank
 
             self.otf = OnTheFlyFbank(num_mel_bins)
 
-    def __getitem__(self, cuts: Any) -> dict[str, Any]:
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch enters the augmentation seed (a DataLoader's workers get the value it has at ``iter()``)."""
+        self.epoch = int(epoch)
+
+    def _load(self, cuts: Any) -> tuple[torch.Tensor, torch.Tensor]:
         from lhotse.dataset.collation import collate_features
 
+        if not len(cuts):
+            return torch.zeros(0, 0, self.num_mel_bins), torch.zeros(0, dtype=torch.int64)
+        return self.otf(cuts) if self.otf is not None else collate_features(cuts)
+
+    def _readable(self, cuts: Any) -> tuple[Any, list[dict[str, str]]]:
+        """The cuts that load, and ``{"cut_id", "reason"}`` for each that does not (tried one by one)."""
+        from lhotse import CutSet
+
+        good, dropped = [], []
+        for cut in cuts:
+            try:
+                if self.otf is not None:
+                    cut.load_audio()
+                elif cut.has_features:
+                    cut.load_features()
+                good.append(cut)
+            except Exception as e:  # lhotse / lilcom / soundfile raise many types for unreadable files
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                dropped.append({"cut_id": cut.id, "reason": f"unreadable {'audio' if self.otf else 'features'} "
+                                                          f"({type(e).__name__}: {first})"})
+        return CutSet.from_cuts(good), dropped
+
+    def __getitem__(self, cuts: Any) -> dict[str, Any]:
+        from lhotse import CutSet
+
+        dropped = [{"cut_id": c.id, "reason": "empty transcript"} for c in cuts if self.drop_empty_transcripts
+                   and (not c.supervisions or not any(s.text and s.text.strip() for s in c.supervisions))]
+        if dropped:
+            bad = {d["cut_id"] for d in dropped}
+            cuts = CutSet.from_cuts(c for c in cuts if c.id not in bad)
         cuts = cuts.sort_by_duration(ascending=False)
-        for transform in self.cut_transforms:
-            cuts = transform(cuts)
-        if self.otf is not None:
-            features, feature_lens = self.otf(cuts)
-        else:
+        if self.cut_transforms and len(cuts):
+            with seeded_rng(seed_from(self.seed, self.epoch, "cut-transforms", *sorted(c.id for c in cuts))):
+                for transform in self.cut_transforms:
+                    reseed = getattr(transform, "reseed", None)
+                    if reseed is not None:
+                        reseed(random.getrandbits(63))
+                    cuts = transform(cuts)
+        if self.otf is None:
             missing = [c.id for c in cuts if not c.has_features]
-            if missing:
+            if missing:  # a configuration error, not bad data
                 raise ValueError(
                     f"cut {missing[0]!r} has no precomputed features; fix: compute them with "
                     f"asrprec.data.compute_fbank(...) or use DataConfig(on_the_fly_feats=True)"
                 )
-            features, feature_lens = collate_features(cuts)
+        try:
+            features, feature_lens = self._load(cuts)
+        except Exception:  # find the cut(s) that fail and train on the rest
+            cuts, unreadable = self._readable(cuts)
+            dropped += unreadable
+            features, feature_lens = self._load(cuts)
         features = features.float()
         feature_lens = feature_lens.long()
         # lhotse pads precomputed log-mels with log(1e-10); zero every padded frame so both paths agree
         pad = torch.arange(features.shape[1])[None, :] >= feature_lens[:, None]
         features = features.masked_fill(pad[:, :, None], 0.0)
-        if self.spec_augment is not None:
+        cut_ids = [c.id for c in cuts]
+        if self.spec_augment is not None and cut_ids:
             # row by row on the valid frames only: lhotse's batch call masks (and takes the mask value's
             # mean over) the padded matrix, padding included
-            for i, n in enumerate(feature_lens.tolist()):
-                features[i, :n] = self.spec_augment(features[i : i + 1, :n])[0]
-        return {
+            with seeded_rng(seed_from(self.seed, self.epoch, *sorted(cut_ids))):
+                for i, n in enumerate(feature_lens.tolist()):
+                    features[i, :n] = self.spec_augment(features[i : i + 1, :n])[0]
+        batch = {
             "features": features,
             "feature_lens": feature_lens,
-            "texts": [" ".join(s.text.strip() for s in c.supervisions) for c in cuts],
-            "cut_ids": [c.id for c in cuts],
+            "texts": [" ".join((s.text or "").strip() for s in c.supervisions).strip() for c in cuts],
+            "cut_ids": cut_ids,
         }
+        if dropped:
+            batch["dropped_cuts"] = dropped
+        return batch
 
 
 def _bucketing_sampler(cuts: Any, *, num_buckets: int, buffer_size: int | None = None,
@@ -231,15 +299,16 @@ def filter_durations(cuts: Any, min_s: float, max_s: float) -> Any:
     return filter_by_duration(cuts, min_s, max_s)
 
 
-def noise_mix_transform(config: NoiseMixConfig, *, on_the_fly_feats: bool, seed: int | str = "randomized") -> Any:
+def noise_mix_transform(config: NoiseMixConfig, *, on_the_fly_feats: bool) -> "ReseedableCutTransform":
     """lhotse ``CutMix`` over the noise cuts of ``config`` (read eagerly: MUSAN's 109 h make ~40k windows of 10 s).
 
     Each mixed cut keeps its id and its duration (``pad_to_longest=False``): icefall's CutMix pads every cut of a
     batch with noise to the longest, but then passes the supervision's own frame count as the encoder length
     (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, ``supervisions["num_frames"]``), so the padding is
-    never seen; our batches take lengths from the cuts, and this keeps them the same. ``seed``: the noise choices
-    and SNR draws; ``"randomized"`` takes each dataloader worker's own seed (set by lhotse's
-    ``make_worker_init_fn``), so that workers do not repeat each other's noise.
+    never seen; our batches take lengths from the cuts, and this keeps them the same. The noise choices and SNR
+    draws come from a generator that :class:`AsrDataset` re-seeds for every batch (from the run's seed, the epoch
+    and the batch's cut ids), so a batch gets the same noise in any worker and after a resume, and different
+    batches get different noise.
     """
     from lhotse.dataset import CutMix
 
@@ -255,16 +324,32 @@ def noise_mix_transform(config: NoiseMixConfig, *, on_the_fly_feats: bool, seed:
     if not on_the_fly_feats and not first.has_features:
         raise ValueError(f"noise cut {first.id!r} in {config.cuts_path} has no features, which precomputed-feature "
                          f"training mixes; fix: compute its fbank (asrprec.data.compute_fbank) or use on_the_fly_feats")
-    return CutMix(cuts=noise, p=config.p, snr=config.snr_db, pad_to_longest=False, preserve_id=True, seed=seed)
+    # lhotse's CutMix takes a random.Random as its seed and draws from that very object
+    return ReseedableCutTransform(lambda rng: CutMix(cuts=noise, p=config.p, snr=config.snr_db, pad_to_longest=False,
+                                                     preserve_id=True, seed=rng))
+
+
+class ReseedableCutTransform:
+    """A lhotse cut transform built on a generator of its own, which :class:`AsrDataset` re-seeds per batch."""
+
+    def __init__(self, build: Callable[[random.Random], Callable[[Any], Any]]) -> None:
+        self._rng = random.Random(0)
+        self._transform = build(self._rng)
+
+    def reseed(self, seed: int) -> None:
+        self._rng.seed(seed)
+
+    def __call__(self, cuts: Any) -> Any:
+        return self._transform(cuts)
 
 
 class AsrDataModule:
     """Makes train / valid / test dataloaders from CutSets according to a :class:`DataConfig`.
 
-    The training sampler is kept (``self.train_sampler``) so that a checkpoint can store
-    :meth:`sampler_state_dict` and resume mid-epoch by passing it back as ``sampler_state``.
-    With ``num_workers > 0`` the sampler runs ahead of training by the prefetched batches, so a
-    resumed run skips those few batches (lhotse's and icefall's behaviour too).
+    The training sampler is kept (``self.train_sampler``); :meth:`sampler_state_dict` / ``sampler_state`` round-trip
+    lhotse's own state for use outside :func:`asrprec.training.train`. With ``num_workers > 0`` that state runs
+    ahead of training by the prefetched batches, which is why the training loop does not use it: it records the
+    batches it consumed and re-creates the position itself (:mod:`asrprec.training.resume`), exactly.
     """
 
     def __init__(self, config: DataConfig | None = None) -> None:
@@ -317,10 +402,9 @@ class AsrDataModule:
             on_the_fly_feats=c.on_the_fly_feats,
             spec_augment=self._spec_augment() if c.spec_augment else None,
             num_mel_bins=c.num_mel_bins,
-            cut_transforms=[noise_mix_transform(c.noise_mix, on_the_fly_feats=c.on_the_fly_feats,
-                                                # in this process without workers: the run's seed
-                                                seed="randomized" if c.num_workers > 0 else c.seed)]
+            cut_transforms=[noise_mix_transform(c.noise_mix, on_the_fly_feats=c.on_the_fly_feats)]
             if c.noise_mix else (),
+            seed=c.seed,
         )
         return self._loader(dataset, sampler, seed=c.seed)
 
@@ -330,17 +414,18 @@ class AsrDataModule:
             raise RuntimeError("no training sampler yet; call train_dataloader(cuts) first")
         return self.train_sampler.state_dict()
 
-    def _eval_loader(self, cuts: Any) -> torch.utils.data.DataLoader:
+    def _eval_loader(self, cuts: Any, drop_empty_transcripts: bool) -> torch.utils.data.DataLoader:
         c = self.config
         sampler = _bucketing_sampler(cuts, max_duration=c.max_duration, shuffle=False, num_buckets=c.num_buckets,
                                      buffer_size=c.bucketing_buffer_size)
-        dataset = AsrDataset(on_the_fly_feats=c.on_the_fly_feats, spec_augment=None, num_mel_bins=c.num_mel_bins)
+        dataset = AsrDataset(on_the_fly_feats=c.on_the_fly_feats, spec_augment=None, num_mel_bins=c.num_mel_bins,
+                             drop_empty_transcripts=drop_empty_transcripts)
         return self._loader(dataset, sampler, seed=None)
 
     def valid_dataloader(self, cuts: Any) -> torch.utils.data.DataLoader:
-        """Unshuffled batches without augmentation; every cut is kept."""
-        return self._eval_loader(cuts)
+        """Unshuffled batches without augmentation; every readable cut with a transcript is kept."""
+        return self._eval_loader(cuts, drop_empty_transcripts=True)
 
     def test_dataloader(self, cuts: Any) -> torch.utils.data.DataLoader:
-        """Unshuffled batches without augmentation; every cut is kept."""
-        return self._eval_loader(cuts)
+        """Unshuffled batches without augmentation; every readable cut is kept (an empty reference too)."""
+        return self._eval_loader(cuts, drop_empty_transcripts=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 import torch
@@ -11,6 +12,8 @@ from asrprec.metrics import RtfxMeter
 
 from .api import DecodingOptions, decode
 from .streaming import streaming_decode
+
+log = logging.getLogger(__name__)
 
 FRAME_SHIFT_S = 0.01  # 100 Hz fbank
 
@@ -26,14 +29,23 @@ def decode_dataset(
     ``streaming=(chunk_size, left_context_frames)`` decodes a causal Zipformer chunk by chunk with its caches
     (:func:`asrprec.decoding.streaming_decode`) instead of encoding whole utterances.
 
+    Cuts the loader could not read (named in a batch's ``dropped_cuts``) are left out of the results, logged, and
+    counted in ``stats["unreadable_cuts"]``.
+
     Returns:
         results: ``(cut_id, ref_words, hyp_words)`` per utterance, ready for :mod:`asrprec.metrics`.
         stats: ``audio_seconds``, ``wall_seconds`` and ``rtfx`` (audio seconds per wall second, including
-        the encoder and the search, excluding data loading).
+        the encoder and the search, excluding data loading), ``unreadable_cuts``.
     """
     meter = RtfxMeter()
     results = []
+    unreadable = 0
     for batch in loader:
+        for d in batch.get("dropped_cuts", []):
+            unreadable += 1
+            log.warning("cut %s not decoded: %s", d["cut_id"], d["reason"])
+        if batch["features"].shape[0] == 0:
+            continue
         features = batch["features"].to(device)
         feature_lens = batch["feature_lens"].to(device)
         with meter.measure(audio_seconds=float(batch["feature_lens"].sum()) * FRAME_SHIFT_S):
@@ -43,4 +55,5 @@ def decode_dataset(
                 hyps = streaming_decode(model, features, feature_lens, options, *streaming)
         for cut_id, ref, hyp in zip(batch["cut_ids"], batch["texts"], hyps):
             results.append((cut_id, ref.split(), tokenizer.decode(hyp).split()))
-    return results, {"audio_seconds": meter.audio_seconds, "wall_seconds": meter.wall_seconds, "rtfx": meter.rtfx}
+    return results, {"audio_seconds": meter.audio_seconds, "wall_seconds": meter.wall_seconds, "rtfx": meter.rtfx,
+                     "unreadable_cuts": unreadable}

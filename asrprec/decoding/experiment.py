@@ -16,7 +16,7 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from torch import nn
 
@@ -24,14 +24,15 @@ from torch import nn
 @dataclass(frozen=True)
 class DecodingSetup:
     """A model ready to decode: ``model`` (prepared for inference by ``policy``), the ``tag`` of its result files,
-    ``weights`` (which checkpoints were averaged, for the log) and ``streaming`` ((chunk, left context) for real
-    streaming, or None)."""
+    ``weights`` (which checkpoints were averaged, for the log), ``streaming`` ((chunk, left context) for real
+    streaming, or None) and ``min_input_frames`` (the fewest feature frames its encoder takes)."""
 
     model: nn.Module
     policy: Any
     tag: str
     weights: str
     streaming: tuple[int, int] | None
+    min_input_frames: int = 1
 
 
 def result_tag(args: argparse.Namespace, streaming_tag: str = "") -> str:
@@ -48,33 +49,40 @@ def result_tag(args: argparse.Namespace, streaming_tag: str = "") -> str:
 
 def load_for_decoding(exp_dir: Path | str, args: argparse.Namespace) -> DecodingSetup:
     """Rebuild the model of ``exp_dir`` (its ``model.json``), load the weights ``args`` name, configure streaming
-    and prepare it for inference under ``args.precision`` on ``args.device``."""
+    and prepare it for inference under ``args.precision`` on ``args.device``.
+
+    Raises FileNotFoundError / :class:`asrprec.training.experiment.ExperimentError` naming the file and the fix for
+    a missing folder or an unreadable ``model.json``, and :class:`asrprec.checkpoint.CheckpointError` for the
+    checkpoints."""
     from asrprec.checkpoint import load_decoding_weights
     from asrprec.models import build_transducer, configure_streaming
     from asrprec.precision import get_policy
     from asrprec.training.cli import resolve_device
+    from asrprec.training.experiment import read_model_config
 
     exp_dir = Path(exp_dir)
-    config_path = exp_dir / "model.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} is missing: {exp_dir} is not a training folder; fix: pass the "
-                                f"--exp-dir that train.py wrote")
-    model = build_transducer(**json.loads(config_path.read_text()))
+    model = build_transducer(**read_model_config(exp_dir))
     weights = load_decoding_weights(model, exp_dir, args.epoch, args.avg, args.use_averaged_model)
     streaming_tag = configure_streaming(model, args.chunk_size, args.left_context_frames, args.streaming)
     policy = get_policy(args.precision, resolve_device(args.device))
+    min_frames = model.min_input_frames
     model = policy.prepare_for_inference(model)
     streaming = (args.chunk_size, args.left_context_frames) if args.streaming else None
     return DecodingSetup(model=model, policy=policy, tag=result_tag(args, streaming_tag), weights=weights,
-                         streaming=streaming)
+                         streaming=streaming, min_input_frames=min_frames)
 
 
-def decode_splits(setup: DecodingSetup, loaders: Mapping[str, Iterable[dict]], tokenizer, args: argparse.Namespace,
-                  exp_dir: Path | str) -> dict[str, dict[str, float]]:
-    """Decode each ``{split: loader}`` and write its recogs and errs files and the WER summary into ``exp_dir``.
+def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Callable[[Any], Iterable[dict]],
+                  tokenizer, args: argparse.Namespace, exp_dir: Path | str) -> dict[str, dict[str, Any]]:
+    """Decode each ``{split: CutSet}`` (through ``make_loader(cuts)``) and write its recogs and errs files and the
+    WER summary into ``exp_dir``.
 
-    Returns ``{split: {"wer": ..., "rtfx": ..., ...}}`` and prints one line per split.
+    Cuts the encoder cannot take or whose files are missing (``args.validate_data``, :func:`asrprec.data.check_cuts`;
+    a test reference may be empty) and cuts the loader cannot read are left out, counted per reason in the log and
+    in the summary (``left_out``, ``left_out_by_reason``), never silently. Returns ``{split: {"wer": ..., "rtfx":
+    ..., ...}}`` and prints one line per split.
     """
+    from asrprec.data import check_cuts
     from asrprec.decoding import DecodingOptions, decode_dataset
     from asrprec.metrics import write_error_stats, write_recogs
 
@@ -83,12 +91,17 @@ def decode_splits(setup: DecodingSetup, loaders: Mapping[str, Iterable[dict]], t
                               max_sym_per_frame=args.max_sym_per_frame)
     tag = setup.tag
     summary = {}
-    for split, loader in loaders.items():
-        results, stats = decode_dataset(setup.model, loader, tokenizer, options, setup.policy.device,
+    for split, split_cuts in cuts.items():
+        split_cuts, report = check_cuts(split_cuts, split=split, mode=getattr(args, "validate_data", "fast"),
+                                        min_frames=setup.min_input_frames, require_transcript=False)
+        results, stats = decode_dataset(setup.model, make_loader(split_cuts), tokenizer, options, setup.policy.device,
                                         streaming=setup.streaming)
         write_recogs(exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
-        summary[split] = {"wer": wer, **stats}
-        print(f"{split}: WER {wer:.2f}% ({tag}); RTFx {stats.get('rtfx', float('nan')):.1f}")
+        left_out = report.dropped + stats["unreadable_cuts"]
+        summary[split] = {"wer": wer, **stats, "cuts": report.total, "decoded": len(results), "left_out": left_out,
+                          "left_out_by_reason": report.to_dict()["dropped"]}
+        note = f"; {left_out} of {report.total} cuts left out, see the log" if left_out else ""
+        print(f"{split}: WER {wer:.2f}% ({tag}); RTFx {stats.get('rtfx', float('nan')):.1f}{note}")
     (exp_dir / f"wer-summary-{tag}.json").write_text(json.dumps(summary, indent=1))
     return summary

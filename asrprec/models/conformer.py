@@ -331,9 +331,11 @@ class ConformerEncoder(nn.Module):
         output_dim: D, the last dim of ``encoder_out``.
         config: the :class:`ConformerConfig` it was built from.
         accepts_warmup: True; the transducer passes its model warm-up value to ``forward``.
+        min_input_frames: the fewest feature frames an utterance may have (one output frame).
     """
 
     accepts_warmup = True
+    min_input_frames = MIN_INPUT_FRAMES
 
     def __init__(self, config: ConformerConfig) -> None:
         super().__init__()

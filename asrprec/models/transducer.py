@@ -97,6 +97,11 @@ class Transducer(nn.Module):
     def vocab_size(self) -> int:
         return self.decoder.vocab_size
 
+    @property
+    def min_input_frames(self) -> int:
+        """The fewest feature frames an utterance may have (the encoder's ``min_input_frames``; 1 if it names none)."""
+        return int(getattr(self.encoder, "min_input_frames", 1))
+
     def _input_dtype(self) -> torch.dtype:
         for p in self.encoder.parameters():
             return p.dtype

@@ -1,8 +1,10 @@
-"""The training loop (plain functions), its typed config, and rank helpers for DDP."""
+"""The training loop (plain functions), its typed config, experiment folders, and rank helpers for DDP."""
 
 from .config import TrainConfig
 from .distributed import get_rank, get_world_size, is_main_process, unwrap
+from .experiment import ExperimentError, prepare_experiment, read_model_config
 from .loop import (
+    TooManySkippedBatches,
     TrainState,
     build_optimizer,
     build_scheduler,
@@ -12,8 +14,10 @@ from .loop import (
     train,
     validate,
 )
+from .resume import ResumeMismatchError
 
 __all__ = [
-    "TrainConfig", "TrainState", "build_optimizer", "build_scheduler", "compute_loss", "get_rank",
-    "get_world_size", "is_main_process", "pad_targets", "seed_everything", "train", "unwrap", "validate",
+    "ExperimentError", "ResumeMismatchError", "TooManySkippedBatches", "TrainConfig", "TrainState",
+    "build_optimizer", "build_scheduler", "compute_loss", "get_rank", "get_world_size", "is_main_process",
+    "pad_targets", "prepare_experiment", "read_model_config", "seed_everything", "train", "unwrap", "validate",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from asrprec.models.transducer import JOINT_MODES, LOSSES
 from asrprec.precision import POLICIES
@@ -120,6 +120,15 @@ def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
     p.add_argument("--num-epochs", type=int, default=d.num_epochs)
     p.add_argument("--start-epoch", type=int, default=d.start_epoch, help="resume from epoch-(N-1).pt")
     p.add_argument("--start-batch", type=int, default=d.start_batch, help="resume mid-epoch from checkpoint-N.pt")
+    p.add_argument("--resume", default=d.resume, metavar="latest|FILE",
+                   help="resume from the newest complete checkpoint in --exp-dir (latest) or from FILE; the resumed "
+                        "run continues exactly where the checkpoint was written")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run in an --exp-dir that holds another run's checkpoints (deleting them), or "
+                        "resume from an older checkpoint (deleting the newer ones)")
+    p.add_argument("--max-skipped-fraction", type=float, default=d.max_skipped_fraction,
+                   help="stop with an error (after a checkpoint) when more than this share of an epoch's batches is "
+                        "skipped (unreadable data, non-finite loss); an epoch without a trained batch always stops")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
     p.add_argument("--base-lr", type=float, default=d.base_lr)
     p.add_argument("--lr-batches", type=float, default=d.lr_batches)
@@ -145,9 +154,57 @@ def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
     p.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
 
 
+def add_data_check_args(p: argparse.ArgumentParser) -> None:
+    """``--validate-data`` and ``--max-oov-fraction`` (:func:`asrprec.data.check_cuts`)."""
+    p.add_argument("--validate-data", choices=("fast", "full", "off"), default="fast",
+                   help="before training/decoding, drop and report cuts that cannot be used (empty transcript, words "
+                        "the tokenizer cannot spell, too short for the encoder, missing files); full also decodes "
+                        "every feature/audio file")
+    p.add_argument("--max-oov-fraction", type=float, default=0.0,
+                   help="drop a training/dev cut when more than this share of its words lie outside the tokenizer's "
+                        "vocabulary (they would train as <unk>)")
+
+
+def check_splits(cuts: dict[str, Any], args: argparse.Namespace, tokenizer, min_frames: int, *,
+                 max_duration: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each split's cuts without those that cannot be used (:func:`asrprec.data.check_cuts` with the flags of
+    :func:`add_data_check_args`; dropped cuts are counted and named in the log), and each split's report."""
+    from asrprec.data import check_cuts
+
+    kept, checks = {}, {}
+    for split, split_cuts in cuts.items():
+        kwargs = {} if max_duration is None else {"max_duration": max_duration}
+        kept[split], report = check_cuts(split_cuts, split=split, tokenizer=tokenizer, mode=args.validate_data,
+                                         max_oov_fraction=args.max_oov_fraction, min_frames=min_frames, **kwargs)
+        checks[split] = report.to_dict()
+    return kept, checks
+
+
+def run_main(main: Callable[[], Any], prog: str) -> None:
+    """Run a recipe's ``main``; an error a user can fix (a bad folder, checkpoint, argument or data) ends the
+    program with its message (and in the log) instead of a traceback."""
+    from asrprec.checkpoint import CheckpointError
+    from asrprec.data.validate import DataCheckError
+
+    from .experiment import ExperimentError
+    from .loop import TooManySkippedBatches
+    from .resume import ResumeMismatchError
+
+    try:
+        main()
+    except (ExperimentError, CheckpointError, FileNotFoundError, TooManySkippedBatches, ResumeMismatchError,
+            DataCheckError) as e:
+        logging.getLogger("asrprec").error("%s", e)
+        raise SystemExit(f"{prog}: error: {e}") from None
+
+
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`TrainConfig` of parsed flags; an invalid combination exits like an argparse error."""
     keys = TrainConfig.__dataclass_fields__.keys()
-    return TrainConfig(**{k: getattr(args, k) for k in keys if hasattr(args, k)})
+    try:
+        return TrainConfig(**{k: getattr(args, k) for k in keys if hasattr(args, k)})
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -157,6 +214,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="decode with the mean of the weights sampled (every --average-period batches) after epoch "
                         "EPOCH-AVG up to epoch EPOCH, from the running averages in the two checkpoints (icefall's "
                         "--use-averaged-model), instead of the mean of the AVG epoch-end weights")
+    p.add_argument("--validate-data", choices=("fast", "full", "off"), default="fast",
+                   help="leave out (and report) cuts the encoder cannot take or whose files are missing; full also "
+                        "decodes every feature file first")
     p.add_argument("--decoding-method", choices=("greedy_search", "modified_beam_search"), default="greedy_search")
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--max-sym-per-frame", type=int, default=1)

@@ -21,6 +21,13 @@ class TrainConfig:
     num_epochs: int = 10
     start_epoch: int = 1
     start_batch: int = 0  # resume mid-epoch from checkpoint-<start_batch>.pt
+    # resume from "latest" (the newest complete checkpoint in exp_dir) or from a checkpoint file; "" = no
+    resume: str = ""
+    # a new run may replace another run's files in exp_dir (and a resume may delete newer checkpoints)
+    overwrite: bool = False
+    # stop (with a checkpoint and an error) when more than this share of an epoch's batches were skipped
+    # (non-finite loss, unreadable data); a whole epoch of skipped steps always stops
+    max_skipped_fraction: float = 0.1
     optimizer: str = "scaled_adam"
     base_lr: float = 0.045
     weight_decay: float = 0.0  # adamw only
@@ -61,6 +68,18 @@ class TrainConfig:
             raise ValueError("num_epochs and start_epoch must be >= 1")
         if self.start_epoch > self.num_epochs:
             raise ValueError(f"start_epoch {self.start_epoch} > num_epochs {self.num_epochs}: nothing to train")
+        if self.start_batch < 0:
+            raise ValueError(f"start_batch must be >= 0 (0 = not a mid-epoch resume), got {self.start_batch}")
+        given = [name for name, on in (("--resume", bool(self.resume)), ("--start-batch", self.start_batch > 0),
+                                       ("--start-epoch", self.start_epoch > 1)) if on]
+        if self.resume and len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} each name a checkpoint to resume from; pass only one")
+        if not 0.0 <= self.max_skipped_fraction <= 1.0:
+            raise ValueError(f"max_skipped_fraction must be in [0, 1] (a share of an epoch's batches), got "
+                             f"{self.max_skipped_fraction}")
+        if self.max_batches_per_epoch < 0:
+            raise ValueError(f"max_batches_per_epoch must be >= 0 (0 = the whole epoch), got "
+                             f"{self.max_batches_per_epoch}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from torch import nn
 
 from asrprec.models.builders import set_batch_count
 from asrprec.precision import PrecisionPolicy
+from asrprec.rng import get_rng_state, set_rng_state
 
 from .distributed import unwrap
 
@@ -90,30 +90,6 @@ def save_batch(batch: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
-
-        state["numpy"] = np.random.get_state()
-    except ImportError:
-        pass
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy as np
-
-        np.random.set_state(state["numpy"])
-
-
 def scan_pessimistic_batches(
     model: nn.Module,
     train_dl: Any,
@@ -140,7 +116,7 @@ def scan_pessimistic_batches(
     batches, scores = find_pessimistic_batches(sampler)
     max_duration = sampler_max_duration(sampler)
     bare = unwrap(model)
-    rng = _rng_state()
+    rng = get_rng_state()
     buffers = {name: b.detach().clone() for name, b in bare.named_buffers()}
     counts = [(m, m.batch_count) for m in bare.modules() if hasattr(m, "batch_count")]
     was_training = model.training
@@ -185,6 +161,6 @@ def scan_pessimistic_batches(
                     b.copy_(buffers[name])
         for m, count in counts:
             m.batch_count = count
-        _set_rng_state(rng)
+        set_rng_state(rng)
         model.train(was_training)
     return peaks

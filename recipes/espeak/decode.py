@@ -21,7 +21,7 @@ import torch
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.decoding.experiment import decode_splits, load_for_decoding
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import add_decoding_args, add_precision_args, setup_logging
+from asrprec.training.cli import add_decoding_args, add_precision_args, run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 
@@ -43,12 +43,11 @@ def main() -> None:
     setup = load_for_decoding(args.exp_dir, args)
     print("weights:", setup.weights)
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
-    cuts = load_fbank_cuts(args.data_dir)
+    cuts = load_fbank_cuts(args.data_dir, splits=tuple(args.splits))  # only the splits decoded
     data = AsrDataModule(DataConfig(max_duration=args.max_duration))
-    decode_splits(setup, {split: data.test_dataloader(cuts[split]) for split in args.splits}, tokenizer, args,
-                  args.exp_dir)
+    decode_splits(setup, cuts, data.test_dataloader, tokenizer, args, args.exp_dir)
 
 
 if __name__ == "__main__":
     with torch.inference_mode():
-        main()
+        run_main(main, "decode.py")

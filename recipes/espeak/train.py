@@ -2,6 +2,7 @@
 """Train a transducer on the embedded espeak-ng corpus (run prepare.py first).
 
     python recipes/espeak/train.py --precision amp-bf16 --exp-dir recipes/espeak/exp/amp-bf16
+    python recipes/espeak/train.py --precision amp-bf16 --exp-dir recipes/espeak/exp/amp-bf16 --resume latest
 
 Every precision policy, encoder, loss and joint mode is a flag; the loop lives in asrprec.training.
 """
@@ -9,7 +10,6 @@ Every precision policy, encoder, loss and joint mode is a flag; the loop lives i
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -18,10 +18,10 @@ from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.models import count_parameters
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
-from asrprec.training import seed_everything, train
+from asrprec.training import prepare_experiment, seed_everything, train
 from asrprec.training.cli import (
-    add_model_args, add_precision_args, add_training_args, build_model_from_args, resolve_device, setup_logging,
-    train_config_from_args,
+    add_data_check_args, add_model_args, add_precision_args, add_training_args, build_model_from_args,
+    check_splits, resolve_device, run_main, setup_logging, train_config_from_args,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -59,30 +59,34 @@ def get_parser() -> argparse.ArgumentParser:
     add_training_args(p, exp_dir=str(HERE / "exp" / "default"), num_epochs=10, optimizer="scaled_adam",
                       base_lr=0.045, lr_batches=500, lr_epochs=4, warmup_batches=100, log_interval=20,
                       encoder_schedule_scale=30.0, average_period=10)
+    add_data_check_args(p)
     return p
 
 
 def main() -> None:
     args = get_parser().parse_args()
-    exp_dir = Path(args.exp_dir)
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    setup_logging(str(exp_dir / "train.log"))
+    cfg = train_config_from_args(args)
+    Path(args.exp_dir).mkdir(parents=True, exist_ok=True)
+    setup_logging(str(Path(args.exp_dir) / "train.log"))
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = train_config_from_args(args)
     seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
-    cuts = load_fbank_cuts(args.data_dir)
-    data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed,
-                                 spec_augment=args.spec_augment))
     model, model_config = build_model_from_args(args, tokenizer, model_warmup_batches=args.model_warmup_batches)
+    # refuse a folder holding another run, or a resume with another model, before loading the data
+    prepare_experiment(cfg, model_config=model_config)
+    cuts, checks = check_splits(load_fbank_cuts(args.data_dir, splits=("train", "dev")), args, tokenizer,
+                                model.min_input_frames)
+    data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed,
+                                    spec_augment=args.spec_augment))
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
-    (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
     print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
-    state = train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
-                  valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, config_for_checkpoint={"model": model_config})
-    (exp_dir / "history.json").write_text(json.dumps(state.history, indent=1))
+    train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
+          valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
+          config_for_checkpoint={"data": {"data_dir": str(args.data_dir), "max_duration": args.max_duration,
+                                          "num_workers": args.num_workers, "spec_augment": args.spec_augment,
+                                          "checks": checks}})
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, "train.py")

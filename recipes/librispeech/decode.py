@@ -22,7 +22,7 @@ from asrprec.data import AsrDataModule, DataConfig, load_cuts
 from asrprec.data.corpora import LIBRISPEECH_DEV_PARTS, LIBRISPEECH_TEST_PARTS, PreparedData
 from asrprec.decoding.experiment import decode_splits, load_for_decoding
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import add_decoding_args, add_precision_args, setup_logging
+from asrprec.training.cli import add_decoding_args, add_precision_args, run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,10 +51,9 @@ def main() -> None:
     loaders = AsrDataModule(DataConfig(max_duration=args.max_duration, on_the_fly_feats=args.on_the_fly_feats))
     cuts = {split: load_cuts(data.cuts(split, features=not args.on_the_fly_feats), lazy=False,
                              hint="run python recipes/librispeech/prepare.py") for split in args.splits}
-    decode_splits(setup, {split: loaders.test_dataloader(c) for split, c in cuts.items()}, tokenizer, args,
-                  args.exp_dir)
+    decode_splits(setup, cuts, loaders.test_dataloader, tokenizer, args, args.exp_dir)
 
 
 if __name__ == "__main__":
     with torch.inference_mode():
-        main()
+        run_main(main, "decode.py")

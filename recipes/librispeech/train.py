@@ -14,7 +14,6 @@ loss and joint mode is a flag; the loop lives in asrprec.training.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -24,10 +23,10 @@ from asrprec.data.corpora import LIBRISPEECH_TRAIN_PARTS, PreparedData
 from asrprec.models import count_parameters
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
-from asrprec.training import is_main_process, seed_everything, train
+from asrprec.training import is_main_process, prepare_experiment, seed_everything, train
 from asrprec.training.cli import (
-    add_model_args, add_precision_args, add_training_args, build_model_from_args, resolve_device, setup_logging,
-    train_config_from_args,
+    add_data_check_args, add_model_args, add_precision_args, add_training_args, build_model_from_args, check_splits,
+    resolve_device, run_main, setup_logging, train_config_from_args,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -59,6 +58,7 @@ def get_parser() -> argparse.ArgumentParser:
                       base_lr=0.045, lr_batches=7500, lr_epochs=3.5, warmup_batches=500, log_interval=50,
                       valid_interval=3000, save_every_n=4000, keep_last_k=30, average_period=200)
     p.set_defaults(encoder_schedule_scale=None)  # max-duration / ICEFALL_REF_DURATION unless given
+    add_data_check_args(p)
     return p
 
 
@@ -86,32 +86,36 @@ def load_part(args: argparse.Namespace, data: PreparedData, part: str, *, lazy: 
 def main() -> None:
     args = get_parser().parse_args()
     # (distributed) the torchrun process-group setup goes here, first, so that everything below sees its rank
-    exp_dir = Path(args.exp_dir)
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    setup_logging(str(exp_dir / "train.log"))
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.encoder_schedule_scale is None:
         args.encoder_schedule_scale = args.max_duration / ICEFALL_REF_DURATION
     cfg = train_config_from_args(args)
+    Path(args.exp_dir).mkdir(parents=True, exist_ok=True)
+    setup_logging(str(Path(args.exp_dir) / "train.log"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
     data = PreparedData(args.data_dir)
     tokenizer = Tokenizer(args.bpe_model or data.bpe_model(500))
-    train_cuts = load_part(args, data, data.train_part(args.subset), lazy=True)
-    valid_cuts = (load_part(args, data, "dev-clean", lazy=False)
-                  + load_part(args, data, "dev-other", lazy=False)).to_eager()
-    loaders = AsrDataModule(data_config(args, data))
     model, model_config = build_model_from_args(args, tokenizer)
+    # refuse a folder holding another run, or a resume with another model, before reading the manifests
+    prepare_experiment(cfg, model_config=model_config)
+    # the training manifest stays lazy: the checks stream through it and keep only the ids of bad cuts
+    cuts, checks = check_splits(
+        {"train": load_part(args, data, data.train_part(args.subset), lazy=True),
+         "dev": (load_part(args, data, "dev-clean", lazy=False) + load_part(args, data, "dev-other", lazy=False))
+         .to_eager()},
+        args, tokenizer, model.min_input_frames)
+    loaders = AsrDataModule(data_config(args, data))
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
     if is_main_process():
-        (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
         print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; "
               f"precision: {policy.describe()}")
-    state = train(model=model, policy=policy, tokenizer=tokenizer, train_dl=loaders.train_dataloader(train_cuts),
-                  valid_dl=loaders.valid_dataloader(valid_cuts), cfg=cfg, config_for_checkpoint={"model": model_config})
-    if is_main_process():
-        (exp_dir / "history.json").write_text(json.dumps(state.history, indent=1))
+    train(model=model, policy=policy, tokenizer=tokenizer, train_dl=loaders.train_dataloader(cuts["train"]),
+          valid_dl=loaders.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
+          config_for_checkpoint={"data": {"data_dir": str(args.data_dir), "subset": args.subset,
+                                          "max_duration": args.max_duration, "musan": args.musan,
+                                          "on_the_fly_feats": args.on_the_fly_feats, "checks": checks}})
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, "train.py")

@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from asrprec.losses.lattice import rnnt_lattice_loss, rnnt_lattice_nll, rnnt_lattice_posteriors
-from asrprec.losses.pruned import do_rnnt_pruning, get_rnnt_prune_ranges, rnnt_loss_pruned, rnnt_loss_smoothed
+from asrprec.losses.pruned import (
+    PRUNE_CRITERIA,
+    do_rnnt_pruning,
+    get_rnnt_prune_ranges,
+    needed_prune_range,
+    rnnt_loss_pruned,
+    rnnt_loss_smoothed,
+)
 
 torch.set_num_threads(1)
 
@@ -228,14 +235,93 @@ def _check_ranges(ranges, ll, tl, S):
             assert int(start[b, Tb - 1]) <= Ub <= int(start[b, Tb - 1]) + S - 1
 
 
+@pytest.mark.parametrize("criterion", PRUNE_CRITERIA)
 @pytest.mark.parametrize("s_range", [1, 2, 3, 10])
-def test_prune_ranges_valid_random_posteriors(s_range):
+def test_prune_ranges_valid_random_posteriors(s_range, criterion):
     B, T, U = 4, 9, 6
     g = torch.Generator().manual_seed(7)
     ll, tl = torch.tensor([9, 7, 3, 9]), torch.tensor([6, 2, 5, 0])
     px, py = torch.rand(B, T, U + 1, generator=g), torch.rand(B, T, U + 1, generator=g)
-    ranges = get_rnnt_prune_ranges(px, py, ll, tl, s_range)
-    _check_ranges(ranges, ll, tl, min(s_range, U + 1))
+    ranges = get_rnnt_prune_ranges(px, py, ll, tl, s_range, criterion=criterion)
+    # utterance 2 (5 tokens in 3 frames) needs windows of (5-1)//3 + 2 = 3 rows: narrower requests are widened
+    _check_ranges(ranges, ll, tl, min(max(s_range, 3), U + 1))
+
+
+def test_needed_prune_range_by_hand():
+    # (U-1)//T + 2, and 1 for an empty transcript; 19 tokens in 2 frames need 11 (the width k2's warning quotes
+    # in k2-fsa/k2 issue #1271)
+    need = needed_prune_range(torch.tensor([2, 3, 4, 7, 5]), torch.tensor([19, 20, 4, 0, 1]))
+    assert need.tolist() == [11, 8, 2, 1, 2]
+
+
+def test_prune_ranges_widen_for_long_transcripts_by_hand(caplog):
+    """5 tokens in 2 frames: a window of 2 rows climbs 1 row per frame and cannot reach row 5. The batch is
+    widened to (5-1)//2 + 2 = 4 rows; frame 0 starts at row 0, the last frame at U+1-S = 2."""
+    T, U = 2, 5
+    px, py = torch.rand(2, T, U + 1), torch.rand(2, T, U + 1)
+    ll, tl = torch.tensor([2, 2]), torch.tensor([5, 1])
+    with caplog.at_level("INFO", logger="asrprec.losses.pruned"):
+        ranges = get_rnnt_prune_ranges(px, py, ll, tl, s_range=2)
+    assert ranges[0].tolist() == [[0, 1, 2, 3], [2, 3, 4, 5]]
+    assert ranges[1, :, 0].tolist() == [0, 0]  # U=1: every start is 0
+    assert "a window of 2 rows cannot reach the last token of 1 utterance(s)" in caplog.text
+    assert "utterance 0: 5 tokens in 2 encoder frames needs (U-1)//T+2 = 4); widening the window to 4" in caplog.text
+    # with the window k2 would have kept, no alignment survives; with the widened one the loss is finite and is
+    # the brute-force sum over the alignments inside the windows
+    V = 5
+    targets = torch.tensor([[1, 2, 3, 4, 1], [2, -1, -1, -1, -1]])
+    logits = torch.randn(2, T, U + 1, V, dtype=torch.float64)
+    narrow = torch.tensor([[[0, 1], [1, 2]], [[0, 1], [0, 1]]])
+    inf = rnnt_loss_pruned(logits.gather(2, narrow.unsqueeze(3).expand(2, T, 2, V)), targets, narrow, ll, tl,
+                           reduction="none")
+    assert math.isinf(inf[0].item())
+    S = ranges.shape[2]
+    loss = rnnt_loss_pruned(logits.gather(2, ranges.unsqueeze(3).expand(2, T, S, V)), targets, ranges, ll, tl,
+                            reduction="none")
+    allowed = lambda b, t, u: t >= int(ll[b]) or u in ranges[b, t].tolist()
+    ref = brute_force_loss(logits.log_softmax(-1), targets.clamp(min=0), ll, tl, allowed=allowed)
+    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_prune_ranges_criteria_by_hand():
+    """T=6, U=4, S=3. Frame 1 has blank mass 0.5 on row 0 and label mass 0.9 out of row 3; frames 2-4 blank on
+    row 4. Occupancy (label + blank in the window): starts 0, 1, 2 score 0.5, 0.9, 0.9 -> 1. k2 (blank in the
+    window minus label mass entering its first row): 0.5, 0 - 0, 0 - 0 -> 0. Frames 2-4 favour start 2 under
+    both, frame 0 (no mass) 0, the last frame must start at U+1-S = 2; these starts already satisfy the window
+    constraints (non-decreasing, steps of at most S-1)."""
+    T, U = 6, 4
+    px, py = torch.zeros(1, T, U + 1), torch.zeros(1, T, U + 1)
+    py[0, 1, 0] = 0.5
+    px[0, 1, 3] = 0.9
+    py[0, 2:5, 4] = 1.0
+    ll, tl = torch.tensor([T]), torch.tensor([U])
+    occ = get_rnnt_prune_ranges(px, py, ll, tl, 3, criterion="occupancy")[0, :, 0].tolist()
+    k2 = get_rnnt_prune_ranges(px, py, ll, tl, 3, criterion="k2")[0, :, 0].tolist()
+    assert occ == [0, 1, 2, 2, 2, 2] and k2 == [0, 0, 2, 2, 2, 2]
+    assert get_rnnt_prune_ranges(px, py, ll, tl, 3)[0, :, 0].tolist() == occ  # the default
+    with pytest.raises(ValueError, match="criterion"):
+        get_rnnt_prune_ranges(px, py, ll, tl, 3, criterion="best")
+
+
+@pytest.mark.parametrize("S", [1, 2, 4, 7])
+def test_window_criteria_match_formulas_in_k2_layout(S):
+    """The per-frame window scores (before the constraints) against the formulas written in k2's layout
+    (px (B, U, T), py (B, U+1, T)), by explicit sums over rows:
+    occupancy: sum_{k<S} (px + py)[s+k]; k2: sum_{k<S} py[s+k] - px[s-1] (nothing enters row 0)."""
+    from asrprec.losses.pruned import _window_starts
+
+    B, T, U = 3, 11, 6
+    g = torch.Generator().manual_seed(3)
+    px, py = torch.rand(B, T, U + 1, generator=g), torch.rand(B, T, U + 1, generator=g)
+    px[:, :, U] = 0  # no label out of the last row
+    px_k2, py_k2 = px[:, :, :U].transpose(1, 2), py.transpose(1, 2)
+    occ, k2 = [], []
+    for s in range(U + 2 - S):
+        rows = range(s, s + S)
+        occ.append(sum(py_k2[:, r] + (px_k2[:, r] if r < U else 0) for r in rows))
+        k2.append(sum(py_k2[:, r] for r in rows) - (px_k2[:, s - 1] if s > 0 else 0))
+    assert torch.equal(_window_starts(px, py, S, "occupancy"), torch.stack(occ, 1).argmax(1))
+    assert torch.equal(_window_starts(px, py, S, "k2"), torch.stack(k2, 1).argmax(1))
 
 
 def test_prune_ranges_follow_a_sharp_alignment():

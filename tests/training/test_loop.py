@@ -85,8 +85,9 @@ def test_nonfinite_loss_batch_is_skipped(tmp_path, caplog):
     data = loader()
     data[1]["features"][0, 0, 0] = float("nan")
     state = train(model=make_model(), policy=get_policy("fp32"), tokenizer=Tok(), train_dl=data,
-                  valid_dl=loader(2, 1), cfg=cfg(tmp_path, num_epochs=1))
-    assert "non-finite loss" in caplog.text
+                  valid_dl=loader(2, 1), cfg=cfg(tmp_path, num_epochs=1, max_skipped_fraction=0.5))
+    assert "skipped, non-finite loss" in caplog.text and "cuts: 1a, 1b" in caplog.text
+    assert state.history[0]["skipped_batches"] == {"non-finite loss": 1} and state.history[0]["steps"] == 3
     assert math.isfinite(state.history[0]["valid_loss"])
 
 

@@ -203,6 +203,9 @@ class ZipformerEncoder(nn.Module):
     ignored. The training loop drives the schedules with :func:`asrprec.models.set_batch_count`.
     """
 
+    #: the fewest feature frames an utterance may have: (9-7)//2 = 1 frame after the front-end
+    min_input_frames = 9
+
     def __init__(self, encoder_embed: Conv2dSubsampling, encoder: Zipformer2, num_features: int):
         super().__init__()
         self.encoder_embed = encoder_embed
@@ -216,8 +219,9 @@ class ZipformerEncoder(nn.Module):
             raise ValueError(f"features must be (B, T, {self.num_features}), got {tuple(features.shape)}")
         if feature_lens.ndim != 1 or feature_lens.shape[0] != features.shape[0]:
             raise ValueError(f"feature_lens must be (B,) with B={features.shape[0]}, got {tuple(feature_lens.shape)}")
-        if features.shape[1] < 9 or int(feature_lens.min()) < 9:
-            raise ValueError("every utterance needs at least 9 feature frames (front-end gives (T-7)//2 frames)")
+        if features.shape[1] < self.min_input_frames or int(feature_lens.min()) < self.min_input_frames:
+            raise ValueError(f"every utterance needs at least {self.min_input_frames} feature frames (front-end gives "
+                             "(T-7)//2 frames)")
         if int(feature_lens.max()) > features.shape[1]:
             raise ValueError(f"feature_lens max {int(feature_lens.max())} exceeds T={features.shape[1]}")
         x, x_lens = self.encoder_embed(features, feature_lens)

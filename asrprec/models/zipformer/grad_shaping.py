@@ -251,6 +251,14 @@ class Whiten(nn.Module):
         self.prob = self.max_prob
         self.grad_scale = grad_scale
 
+    def runtime_state_dict(self) -> dict:
+        """``prob`` changes in every backward and is no parameter or buffer; checkpoints keep it here
+        (:func:`asrprec.checkpoint.module_runtime_state`) so that a resumed run whitens on the same steps."""
+        return {"prob": float(self.prob)}
+
+    def load_runtime_state_dict(self, state: dict) -> None:
+        self.prob = float(state["prob"])
+
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or not x.requires_grad or self.grad_scale == 0 or random.random() > self.prob:
             return x

@@ -1,0 +1,312 @@
+"""Experiment folders: one folder holds one run, and records it.
+
+What a folder holds (besides checkpoints, ``train.log`` and ``tensorboard/``):
+
+* ``config.json``: the configuration the run started with (training, model, data, ...), written when it starts;
+* ``model.json``: the model's architecture (a recipe's builder arguments), written once the run has started or a
+  resume has succeeded, and never changed to another architecture afterwards (:func:`record_model_config`);
+* ``history.json``: a list of events, appended to and never rewritten from scratch: ``start``, every ``resume``
+  (where from, the command, what changed), every finished ``epoch`` (losses, skipped batches), ``stopped``
+  (why a run stopped on bad data), ``overwrite`` (what ``--overwrite`` deleted).
+
+Rules (:func:`prepare_experiment`): a new run in a folder that holds another run's checkpoints is refused unless
+``overwrite`` (which deletes that run's files first); resuming from a checkpoint that is not the newest in the
+folder is refused unless ``overwrite`` (which deletes the newer, abandoned checkpoints), since ``--avg`` or
+``--resume latest`` would later mix the two continuations; temporary files of interrupted writes are removed.
+Every error names the file and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from asrprec import checkpoint as ckpt
+
+from .config import TrainConfig
+
+log = logging.getLogger("asrprec.train")
+
+CONFIG_NAME = "config.json"
+MODEL_NAME = "model.json"
+HISTORY_NAME = "history.json"
+# model.json entries a resume may change: how the loss is computed is a training choice, not the architecture
+MUTABLE_MODEL_KEYS = ("loss",)
+# what a decode script writes beside the checkpoints (stale once the checkpoints are replaced)
+_DECODE_OUTPUTS = ("recogs-*.txt", "errs-*.txt", "wer-summary-*.json")
+
+
+class ExperimentError(ValueError):
+    """The experiment folder cannot be used as asked; the message names the file and the fix."""
+
+
+class ModelMismatchError(ExperimentError, ckpt.CheckpointMismatchError):
+    """A resume with another model than the run's (a :class:`~asrprec.checkpoint.CheckpointMismatchError` too:
+    the run's checkpoints do not fit it)."""
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path, what: str, fix: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist ({what}). Fix: {fix}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ExperimentError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}; "
+                              f"{len(text)} characters): it is truncated or was edited by hand. Fix: {fix}") from e
+
+
+def read_model_config(exp_dir: str | os.PathLike) -> dict[str, Any]:
+    """The ``model.json`` of ``exp_dir``, for decoding; every failure names the file and the fix.
+
+    Raises:
+        FileNotFoundError: no such folder, or no ``model.json`` in it.
+        ExperimentError: ``model.json`` is not a JSON object (truncated or hand-edited).
+    """
+    exp_dir = Path(exp_dir)
+    if not exp_dir.is_dir():
+        raise FileNotFoundError(f"the experiment folder {exp_dir} does not exist. Fix: pass the --exp-dir that "
+                                "training wrote its checkpoints to")
+    fix = ("restore it from the training command's model settings (train.py writes it when a run starts), or "
+           "copy it from the run's config.json 'model' entry")
+    path = exp_dir / MODEL_NAME
+    if not path.is_file() and (exp_dir / CONFIG_NAME).is_file():
+        config = _read_json(exp_dir / CONFIG_NAME, "the run's configuration", fix)
+        if isinstance(config, dict) and isinstance(config.get("model"), dict):
+            log.warning("%s is missing; using the 'model' entry of %s", path, exp_dir / CONFIG_NAME)
+            return config["model"]
+    value = _read_json(path, "the model's architecture, written by training", fix)
+    if not isinstance(value, dict):
+        raise ExperimentError(f"{path} holds a JSON {type(value).__name__}, not an object of model settings. "
+                              f"Fix: {fix}")
+    return value
+
+
+def read_history(exp_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The events of ``history.json`` (empty when there is none)."""
+    path = Path(exp_dir) / HISTORY_NAME
+    if not path.is_file():
+        return []
+    value = _read_json(path, "the run's history", f"move {path} aside; a new one is started")
+    if not isinstance(value, list):
+        raise ExperimentError(f"{path} is not a list of events. Fix: move it aside; a new one is started")
+    return value
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def append_history(exp_dir: str | os.PathLike, event: dict[str, Any]) -> None:
+    """Append ``event`` (with the time) to ``history.json``; the file is rewritten atomically with every older
+    event kept."""
+    events = read_history(exp_dir)
+    events.append(_jsonable({"time": _now(), **event}))
+    ckpt.atomic_write_text(Path(exp_dir) / HISTORY_NAME, json.dumps(events, indent=1))
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            if k not in old or k not in new:
+                out.append(f"{prefix}{k}: {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}")
+            else:
+                out += _differences(old[k], new[k], f"{prefix}{k}.")
+        return out
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
+
+
+def check_model_config(exp_dir: str | os.PathLike, model_config: dict[str, Any] | None) -> None:
+    """Refuse a model whose architecture differs from the ``model.json`` the folder's run recorded.
+
+    Raises:
+        ModelMismatchError: naming each differing setting and the fix.
+    """
+    path = Path(exp_dir) / MODEL_NAME
+    if model_config is None or not path.is_file():
+        return
+    stored = _read_json(path, "the run's model", "delete it if the checkpoints are the only record you trust")
+    new = _jsonable(model_config)
+    diff = _differences({k: v for k, v in stored.items() if k not in MUTABLE_MODEL_KEYS},
+                        {k: v for k, v in new.items() if k not in MUTABLE_MODEL_KEYS})
+    if diff:
+        raise ModelMismatchError(
+            f"{path} records another model than the one this command builds ({'; '.join(diff[:6])}). Resuming would "
+            f"load the run's checkpoints into the wrong architecture. Fix: resume with the run's model settings (as "
+            f"in {path}), or train the new model in another --exp-dir")
+
+
+def record_model_config(exp_dir: str | os.PathLike, model_config: dict[str, Any] | None) -> None:
+    """Write ``model.json`` (after a successful start or resume). Its architecture never changes: a different one
+    raises (:func:`check_model_config`); only :data:`MUTABLE_MODEL_KEYS` are updated."""
+    if model_config is None:
+        return
+    check_model_config(exp_dir, model_config)
+    path = Path(exp_dir) / MODEL_NAME
+    new = _jsonable(model_config)
+    if path.is_file() and _read_json(path, "the run's model", "") == new:
+        return
+    ckpt.atomic_write_text(path, json.dumps(new, indent=1))
+
+
+# -- starting a run --------------------------------------------------------------------------------
+
+
+def _run_files(exp_dir: Path) -> list[Path]:
+    files = ckpt.training_checkpoints(exp_dir) + [p for p in (ckpt.bad_model_path(exp_dir),) if p.is_file()]
+    files += [exp_dir / n for n in (MODEL_NAME, CONFIG_NAME) if (exp_dir / n).is_file()]
+    files += sorted(p for pattern in _DECODE_OUTPUTS for p in exp_dir.glob(pattern))
+    if (exp_dir / "tensorboard").is_dir():
+        files.append(exp_dir / "tensorboard")
+    return files
+
+
+def _delete(paths: list[Path], exp_dir: Path, why: str) -> None:
+    for p in paths:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    if paths:
+        names = [p.name for p in paths]
+        log.warning("--overwrite: deleted %d file(s) of %s from %s: %s", len(paths), why, exp_dir, ", ".join(names))
+        append_history(exp_dir, {"event": "overwrite", "why": why, "deleted": names})
+
+
+def resolve_resume(cfg: TrainConfig) -> Path | None:
+    """The checkpoint a run resumes from (None for a new run): ``--resume latest`` / ``--resume FILE``,
+    ``--start-batch N`` (``checkpoint-N.pt``) or ``--start-epoch E`` (``epoch-(E-1).pt``).
+
+    Raises:
+        FileNotFoundError: the named checkpoint is missing (the message lists those present).
+    """
+    exp_dir = Path(cfg.exp_dir)
+    if cfg.resume == "latest":
+        return ckpt.find_latest_checkpoint(exp_dir)
+    if cfg.resume:
+        path = Path(cfg.resume)
+        path = path if path.is_absolute() or path.parent != Path(".") else exp_dir / path
+    elif cfg.start_batch > 0:
+        path = ckpt.batch_checkpoint_path(exp_dir, cfg.start_batch)
+    elif cfg.start_epoch > 1:
+        path = ckpt.epoch_checkpoint_path(exp_dir, cfg.start_epoch - 1)
+    else:
+        return None
+    if not path.is_file():
+        ckpt.read_checkpoint(path)  # raises, listing the checkpoints present
+    return path
+
+
+def _readable(path: Path) -> bool:
+    try:
+        ckpt.checkpoint_position(path)
+    except (ckpt.CheckpointError, OSError):
+        return False
+    return True
+
+
+def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[str, Any] | None = None) -> Path | None:
+    """Make ``cfg.exp_dir`` ready for the run ``cfg`` describes; return the checkpoint to resume from (or None).
+
+    Creates the folder, removes temporary files of interrupted writes, resolves the resume checkpoint, and
+    enforces the folder rules of the module docstring. Idempotent: a recipe may call it early (to fail before
+    loading data) and :func:`asrprec.training.train` calls it again.
+
+    ``model_config``: the model about to be trained; a resume refuses one that differs from the run's
+    ``model.json`` (:func:`check_model_config`).
+
+    Raises:
+        ExperimentError: a new run in a folder with another run's checkpoints, or a resume from a checkpoint that
+            is not the newest, without ``overwrite``; ``overwrite`` together with ``--resume latest``; a resume with
+            another model; a resume from the end of the last epoch asked for.
+        FileNotFoundError / CheckpointReadError: the checkpoint to resume from is missing or unreadable.
+    """
+    exp_dir = Path(cfg.exp_dir)
+    if exp_dir.exists() and not exp_dir.is_dir():
+        raise ExperimentError(f"--exp-dir {exp_dir} is a file, not a folder. Fix: pass a folder path")
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    ckpt.remove_stale_temporaries(exp_dir, rank=rank)
+    resume_from = resolve_resume(cfg)
+    if resume_from is None:
+        existing = ckpt.training_checkpoints(exp_dir)
+        if existing and not cfg.overwrite:
+            names = ", ".join(p.name for p in existing[:6]) + (", ..." if len(existing) > 6 else "")
+            raise ExperimentError(
+                f"{exp_dir} holds the checkpoints of an earlier run ({names}); a new run there would mix the two "
+                f"(e.g. decoding with --avg would average epochs of both). Fix: continue that run with --resume "
+                f"latest, train in another --exp-dir, or add --overwrite to delete the earlier run's files")
+        if existing and rank == 0:
+            _delete(_run_files(exp_dir), exp_dir, "the earlier run")
+        return None
+    if cfg.overwrite and cfg.resume == "latest":
+        raise ExperimentError("--overwrite with --resume latest: there is nothing newer to overwrite. Fix: drop "
+                              "--overwrite")
+    check_model_config(exp_dir, model_config)
+    position = ckpt.checkpoint_position(resume_from)
+    _, epoch, end = position
+    if end and epoch >= cfg.num_epochs:
+        raise ExperimentError(f"{resume_from} ends epoch {epoch} and --num-epochs is {cfg.num_epochs}: nothing to "
+                              "train. Fix: raise --num-epochs")
+    # an unreadable file is no continuation (--resume latest passes over it; the resumed run rewrites it)
+    newer = [p for p in ckpt.newer_checkpoints(exp_dir, position)
+             if p.resolve() != resume_from.resolve() and _readable(p)]
+    if newer and not cfg.overwrite:
+        names = ", ".join(p.name for p in newer[:6]) + (", ..." if len(newer) > 6 else "")
+        raise ExperimentError(
+            f"{resume_from} is not the newest checkpoint in {exp_dir}: {names} went further. Resuming from it would "
+            f"leave those beside the new ones, and --avg or --resume latest would mix the two continuations. Fix: "
+            f"--resume latest, or add --overwrite to delete the newer checkpoints")
+    if newer and rank == 0:
+        _delete(newer, exp_dir, f"the continuation after {resume_from.name}")
+    return resume_from
+
+
+# train config entries that only say how an invocation started or where it stops; a resume changing them is
+# no change to the run
+_INVOCATION_KEYS = ("resume", "start_epoch", "start_batch", "overwrite", "num_epochs")
+
+
+def _without_invocation(config: dict[str, Any]) -> dict[str, Any]:
+    config = _jsonable(config)
+    if isinstance(config.get("train"), dict):
+        config["train"] = {k: v for k, v in config["train"].items() if k not in _INVOCATION_KEYS}
+    return config
+
+
+def record_run_start(exp_dir: str | os.PathLike, *, model_config: dict[str, Any] | None, config: dict[str, Any],
+                     precision: dict[str, Any], resume: dict[str, Any] | None, rank: int = 0) -> None:
+    """Record that a run started (``config.json``, ``model.json``, a ``start`` event) or resumed (``model.json``
+    if the run had none, a ``resume`` event naming the checkpoint and the settings that changed)."""
+    if rank != 0:
+        return
+    exp_dir = Path(exp_dir)
+    event: dict[str, Any] = {"command": list(sys.argv), "precision": precision}
+    if resume is None:  # a new run (prepare_experiment made sure no other run's checkpoints are here)
+        if model_config is not None:
+            ckpt.atomic_write_text(exp_dir / MODEL_NAME, json.dumps(_jsonable(model_config), indent=1))
+        ckpt.atomic_write_text(exp_dir / CONFIG_NAME, json.dumps(_jsonable(config), indent=1))
+        append_history(exp_dir, {"event": "start", **event})
+        return
+    record_model_config(exp_dir, model_config)
+    changed = _differences(_without_invocation(resume.pop("config", {}) or {}), _without_invocation(config))
+    append_history(exp_dir, {"event": "resume", **resume, **event, "changed": changed})
+    if changed:
+        log.info("resumed with changed settings: %s", "; ".join(changed))
