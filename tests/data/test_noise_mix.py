@@ -76,6 +76,28 @@ def test_feature_domain_snr_and_the_batches_change(tiny_fbank, noise_cuts_path):
     assert torch.equal(valid["features"], plain["features"])
 
 
+def test_noise_is_a_function_of_the_batch_not_of_the_process(tiny_fbank, noise_cuts_path):
+    """Exact resume and any number of DataLoader workers need each batch's noise to depend only on the run's seed,
+    the epoch and the batch's cuts: two datasets preparing the same batch after different histories agree bitwise;
+    another epoch or another seed draws other noise."""
+    from asrprec.data.datamodule import AsrDataset
+
+    _, cuts = tiny_fbank
+    clean = cuts["train"]
+    first, second = clean.subset(first=2), clean.subset(last=2)
+
+    def dataset(seed):
+        return AsrDataset(on_the_fly_feats=False, seed=seed, cut_transforms=[
+            noise_mix_transform(NoiseMixConfig(str(noise_cuts_path), p=1.0, snr_db=SNR), on_the_fly_feats=False)])
+
+    a, b = dataset(seed=7), dataset(seed=7)
+    b[second], b[first], b[second]  # another history of draws
+    assert torch.equal(a[first]["features"], b[first]["features"])
+    a.set_epoch(2)
+    assert not torch.equal(a[first]["features"], b[first]["features"])
+    assert not torch.equal(dataset(seed=8)[first]["features"], b[first]["features"])
+
+
 def test_mixing_probability(tiny_fbank, noise_cuts_path):
     """p=0.5 mixes about half of the cuts (400 cuts: binomial, 4.5 sigma bounds); p=0 none."""
     import lhotse
