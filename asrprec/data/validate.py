@@ -6,7 +6,7 @@
   share, a duration the encoder cannot take (fewer feature frames than it needs for one output frame), a
   non-positive or too long duration (training only), a missing or empty feature/audio file and, in ``full``
   mode, a file that cannot be read or holds non-finite values.
-* :func:`validate_cuts`: the same kind of checks, raising a ValueError naming the first bad cut and the fix.
+* :func:`validate_cuts`: the same checks, raising a ValueError naming the first bad cut and the fix.
 * :func:`filter_by_duration`: keep cuts within a duration range, with a log line.
 """
 
@@ -174,7 +174,7 @@ def check_cuts(
             report.add(reason, cut.id)
             bad.add(cut.id)
     if bad:
-        kept = cuts.filter(lambda c: c.id not in bad)
+        kept = cuts.filter(_IdNotIn(bad))
         kept = kept if lazy else kept.to_eager()
     else:
         kept = cuts
@@ -182,6 +182,16 @@ def check_cuts(
     if report.kept == 0 and not allow_empty:
         raise DataCheckError(f"no cut of {split} passed the data checks. {report.summary()}")
     return kept, report
+
+
+class _IdNotIn:
+    """A picklable filter (a lazy CutSet may travel to DataLoader workers; a lambda cannot)."""
+
+    def __init__(self, ids: set[str]) -> None:
+        self.ids = ids
+
+    def __call__(self, cut: Any) -> bool:
+        return cut.id not in self.ids
 
 
 def _problem(cut, unknown, max_oov_fraction, min_frames, max_duration, require_transcript, file_ok, mode):
@@ -215,56 +225,20 @@ def _problem(cut, unknown, max_oov_fraction, min_frames, max_duration, require_t
     return None
 
 
-def _first_line(e: Exception) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0][:300] if lines else ""
-
-
 def validate_cuts(cuts: Any, *, check_audio: bool = True, check_features: bool = False) -> int:
-    """Check every cut of ``cuts`` and return how many were checked.
+    """The strict form of :func:`check_cuts` for data preparation: return how many cuts were checked, or raise a
+    ValueError naming the first bad cut, its problem and the fix.
 
-    Each cut must have a positive duration and at least one supervision, all with non-empty text;
-    with ``check_audio`` its audio must decode to finite samples; with ``check_features`` its
-    precomputed features must load with the manifest's shape. Raises ValueError on the first bad cut.
+    Checks durations, transcripts and files; with ``check_audio`` or ``check_features`` also decodes every file
+    (``check_cuts``'s "full" mode: a cut's features where it has them, else its audio).
     """
-    n = 0
-    for cut in cuts:
-        n += 1
-        if not cut.duration or cut.duration <= 0:
-            raise ValueError(f"cut {cut.id!r} has duration {cut.duration}; fix: drop it or re-run data preparation")
-        texts = [s.text for s in cut.supervisions]
-        if not texts or any(t is None or not t.strip() for t in texts):
-            raise ValueError(
-                f"cut {cut.id!r} has an empty transcript; fix: drop such cuts with "
-                f"cuts.filter(lambda c: c.supervisions and all(s.text and s.text.strip() for s in c.supervisions)) "
-                f"or re-run data preparation"
-            )
-        if check_audio and cut.has_recording:
-            sources = [s.source for s in cut.recording.sources]
-            try:
-                audio = cut.load_audio()
-            except Exception as e:  # lhotse / soundfile raise many types for unreadable files
-                raise ValueError(
-                    f"cut {cut.id!r}: its audio {sources} cannot be read ({type(e).__name__}: {_first_line(e)}); "
-                    f"fix: regenerate it (re-run data preparation with force=True) or drop the cut"
-                ) from e
-            if audio.size == 0 or not np.isfinite(audio).all():
-                raise ValueError(f"cut {cut.id!r}: its audio {sources} is empty or not finite; fix: regenerate it or drop the cut")
-        if check_features and cut.has_features:
-            try:
-                feats = cut.load_features()
-            except Exception as e:
-                raise ValueError(
-                    f"cut {cut.id!r}: its features in {cut.features.storage_path} cannot be read "
-                    f"({type(e).__name__}: {_first_line(e)}); "
-                    f"fix: delete the feature manifest and recompute features"
-                ) from e
-            if feats.shape != (cut.num_frames, cut.num_features) or not np.isfinite(feats).all():
-                raise ValueError(
-                    f"cut {cut.id!r}: features have shape {feats.shape} (manifest says {(cut.num_frames, cut.num_features)}) "
-                    f"or are not finite; fix: delete the feature manifest and recompute features"
-                )
-    return n
+    mode = "full" if check_audio or check_features else "fast"
+    _, report = check_cuts(cuts, split="data", mode=mode, allow_empty=True)
+    if report.problems:
+        reason, ids = next(iter(report.problems.items()))
+        more = f" ({report.dropped - 1} more bad cut(s) follow)" if report.dropped > 1 else ""
+        raise ValueError(f"cut {ids[0]!r}: {reason}{more}; fix: {FIXES.get(reason, 're-run data preparation')}")
+    return report.total
 
 
 def filter_by_duration(cuts: Any, min_s: float = 0.5, max_s: float = 20.0) -> Any:

@@ -1,4 +1,4 @@
-"""validate_cuts names the bad cut and the fix."""
+"""validate_cuts (check_cuts' strict form, for data preparation) names the bad cut, its problem and the fix."""
 
 import shutil
 
@@ -24,7 +24,7 @@ def test_empty_transcript_is_named(tiny_corpus):
     good = list(cuts["dev"])
     victim = good[1]
     bad = good[:1] + [fastcopy(victim, supervisions=[fastcopy(victim.supervisions[0], text="  ")])] + good[2:]
-    with pytest.raises(ValueError, match=rf"cut '{victim.id}' has an empty transcript; fix: drop"):
+    with pytest.raises(ValueError, match=rf"cut '{victim.id}': empty transcript; fix: the transcript is empty"):
         validate_cuts(CutSet.from_cuts(bad), check_audio=False)
 
 
@@ -40,5 +40,26 @@ def test_corrupt_audio_is_named(tiny_corpus, tmp_path):
     shutil.copy(cut.recording.sources[0].source, broken)
     broken.write_bytes(broken.read_bytes()[:64])  # truncated: header only
     rec = fastcopy(cut.recording, sources=[AudioSource(type="file", channels=[0], source=str(broken))])
-    with pytest.raises(ValueError, match=rf"cut '{cut.id}': its audio .* cannot be read .*fix: regenerate"):
+    with pytest.raises(ValueError, match=rf"cut '{cut.id}': unreadable or non-finite features/audio; fix: the file cannot be decoded"):
         validate_cuts(CutSet.from_cuts([fastcopy(cut, recording=rec)]))
+
+
+@needs_espeak
+def test_check_cuts_keeps_a_lazy_manifest_lazy(tiny_corpus, tmp_path):
+    """A large corpus is read lazily: check_cuts streams through it, drops the bad cut and returns a lazy set."""
+    from lhotse import CutSet
+    from lhotse.utils import fastcopy
+
+    from asrprec.data import check_cuts, load_cuts, write_cuts
+
+    _, cuts = tiny_corpus
+    good = list(cuts["train"])
+    victim = good[3]
+    bad = good[:3] + [fastcopy(victim, supervisions=[fastcopy(victim.supervisions[0], text="")])] + good[4:]
+    write_cuts(CutSet.from_cuts(bad), tmp_path / "train.jsonl.gz")
+    lazy = load_cuts(tmp_path / "train.jsonl.gz")
+    assert lazy.is_lazy
+    kept, report = check_cuts(lazy, split="train")
+    assert kept.is_lazy
+    assert [c.id for c in kept] == [c.id for c in good if c.id != victim.id]
+    assert report.total == len(good) and report.problems == {"empty transcript": [victim.id]}
