@@ -19,6 +19,7 @@ from torch import nn
 from .beam_search import modified_beam_search
 from .greedy import greedy_search
 from .hypothesis import Hypothesis, HypothesisList
+from .label_looping import LabelLoopingGreedy, label_looping_greedy_search
 
 METHODS = ("greedy_search", "modified_beam_search")
 
@@ -96,4 +97,5 @@ __all__ = [
     "METHODS", "DecodingOptions", "Hypothesis", "HypothesisList", "decode", "decode_dataset", "decode_encoder_out",
     "greedy_search", "modified_beam_search", "StreamingGreedySearch", "StreamingModifiedBeamSearch",
     "streaming_decode", "streaming_encode",
+    "LabelLoopingGreedy", "label_looping_greedy_search",
 ]
