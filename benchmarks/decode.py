@@ -186,16 +186,25 @@ def main(argv=None) -> str:
     audio = sum(float(b["feature_lens"].sum()) for b in batches) * FRAME_SHIFT_S
     refs = [t.split() for b in batches for t in (b["texts"] or [])]
     n_utts = sum(len(b["feature_lens"]) for b in batches)
-    lines = ["| mode | method | WER % | RTFx | encoder s | search s | tokens |", "|---|---|---|---|---|---|---|"]
+    lines = ["| mode | method | WER % | RTFx | encoder s | search s | tokens | same as greedy_search |",
+             "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for mode in modes:
         m, autocast = variant(model, mode, args.device)
+        frame_looping = None
         for method in methods:
             hyps, te, ts = run_one(m, autocast, searcher(m, method, args), batches, args.device, args.runs)
+            if method == "greedy_search":
+                frame_looping = hyps
+            same = "-"
+            if method.startswith("label_looping") and frame_looping is not None:
+                differ = sum(a != b for a, b in zip(hyps, frame_looping))
+                same = "yes" if differ == 0 else f"no: {differ} of {len(hyps)} utterances differ"
             wer = "-"
             if tokenizer is not None:
                 wer = f"{compute_wer(refs, [tokenizer.decode(h).split() for h in hyps]).wer_percent:.2f}"
-            row = f"| {mode} | {method} | {wer} | {audio / (te + ts):.1f} | {te:.2f} | {ts:.2f} | {sum(map(len, hyps))} |"
+            row = (f"| {mode} | {method} | {wer} | {audio / (te + ts):.1f} | {te:.2f} | {ts:.2f} | {sum(map(len, hyps))} "
+                   f"| {same} |")
             lines.append(row)
             print(row, flush=True)
     source = (f"synthetic: random {args.encoder} {args.size}, V={args.vocab}, {n_utts} utterances x <= {args.seconds} s, "

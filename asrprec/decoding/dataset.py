@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -16,11 +16,14 @@ FRAME_SHIFT_S = 0.01  # 100 Hz fbank
 def decode_dataset(
     model: nn.Module, loader: Iterable[dict], tokenizer, options, device: torch.device | str = "cpu",
     streaming: tuple[int, int] | None = None,
+    search: Callable[[torch.Tensor, torch.Tensor], list[list[int]]] | None = None,
 ) -> tuple[list[tuple[str, list[str], list[str]]], dict[str, float]]:
     """Decode every batch of ``loader`` (dicts with ``features``, ``feature_lens``, ``texts``, ``cut_ids``).
 
     ``streaming=(chunk_size, left_context_frames)`` decodes a causal Zipformer chunk by chunk with its caches
-    (:func:`asrprec.decoding.streaming_decode`) instead of encoding whole utterances.
+    (:func:`asrprec.decoding.streaming_decode`) instead of encoding whole utterances. ``search``, called as
+    ``search(encoder_out (B, T, D_enc), encoder_out_lens (B,))`` after ``model.encode``, replaces the method named
+    in ``options`` for whole utterances (e.g. a :class:`asrprec.decoding.LabelLoopingGreedy` kept across batches).
 
     Returns:
         results: ``(cut_id, ref_words, hyp_words)`` per utterance, ready for :mod:`asrprec.metrics`.
@@ -35,7 +38,9 @@ def decode_dataset(
         features = batch["features"].to(device)
         feature_lens = batch["feature_lens"].to(device)
         with meter.measure(audio_seconds=float(batch["feature_lens"].sum()) * FRAME_SHIFT_S):
-            if streaming is None:
+            if streaming is None and search is not None:
+                hyps = search(*model.encode(features, feature_lens))
+            elif streaming is None:
                 hyps = decode(model, features, feature_lens, options)
             else:
                 hyps = streaming_decode(model, features, feature_lens, options, *streaming)

@@ -21,7 +21,7 @@ import torch
 
 from asrprec.checkpoint import load_decoding_weights
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
-from asrprec.decoding import DecodingOptions, decode_dataset
+from asrprec.decoding import DecodingOptions, LabelLoopingGreedy, decode_dataset
 from asrprec.metrics import write_error_stats, write_recogs
 from asrprec.models import build_transducer, configure_streaming
 from asrprec.precision import get_policy
@@ -64,10 +64,13 @@ def main() -> None:
     options = DecodingOptions(method=args.decoding_method, beam=args.beam_size,
                               max_sym_per_frame=args.max_sym_per_frame)
     streaming = (args.chunk_size, args.left_context_frames) if args.streaming else None
+    search = None
+    if args.decoding_method == "greedy_search" and args.greedy_method == "label_looping" and not streaming:
+        search = LabelLoopingGreedy(model, args.max_sym_per_frame)
     summary = {}
     for split in args.splits:
         results, stats = decode_dataset(model, data.test_dataloader(cuts[split]), tokenizer, options, policy.device,
-                                        streaming=streaming)
+                                        streaming=streaming, search=search)
         write_recogs(args.exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(args.exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         summary[split] = {"wer": wer, **stats}

@@ -132,3 +132,25 @@ def test_cuda_graphs_match_eager_and_frame_looping(kit, policy):
     assert graphs._graphs is not None
     # a smaller batch replays the same graphs on padded state
     assert graphs(enc[:2, :7], enc_lens[:2].clamp(max=7)) == greedy_search(model, enc[:2, :7], enc_lens[:2].clamp(max=7), 2)
+
+
+def test_decode_dataset_with_label_looping(kit):
+    """decode_dataset's ``search`` hook (what recipes/espeak/decode.py uses) gives the recognitions of the
+    default frame-looping greedy search, over several batches with one LabelLoopingGreedy."""
+    from asrprec.decoding import DecodingOptions, decode_dataset
+
+    class Words:
+        def decode(self, ids):
+            return " ".join(f"w{k}" for k in ids)
+
+    model = kit.make_model(2, context_size=2, blank_bias=-1.0)
+    loader = []
+    for seed, lens in ((0, [5, 9, 2]), (1, [7, 7, 3]), (2, [4, 1, 8])):
+        feats, feat_lens = kit.make_batch(seed, lens)
+        loader.append({"features": feats, "feature_lens": feat_lens, "texts": ["x"] * len(lens),
+                       "cut_ids": [f"{seed}-{i}" for i in range(len(lens))]})
+    options = DecodingOptions(max_sym_per_frame=2)
+    want, _ = decode_dataset(model, loader, Words(), options)
+    got, stats = decode_dataset(model, loader, Words(), options, search=LabelLoopingGreedy(model, 2))
+    assert got == want and stats["rtfx"] > 0
+    assert sum(len(hyp) for _, _, hyp in got) > 10
