@@ -13,12 +13,16 @@ most ``max_sym_per_frame`` times, then move to the next frame (a blank, or the c
 the same tokens and the same timestamps (the frame that emitted each token), up to floating-point differences
 between joiner calls on different numbers of rows, which only matter at exact argmax ties.
 
+Blank runs: a row's decoder output does not change while it consumes blanks, so the inner step looks at the
+next ``window`` frames of every blank row in one joiner call and moves each row to its first non-blank frame
+(``window=1`` is NeMo's one frame per step). Larger steps, fewer of them; the decisions are unchanged.
+
 State: frame pointers, per-frame symbol counts, activity and blank masks, decoder contexts and outputs, and
 (B, T·max_sym_per_frame) token and timestamp buffers are allocated before the loop and updated in place, so the
-two loop bodies (the inner blank step and the outer emit step) have static shapes and addresses. On a CUDA
-device each body is captured once as a CUDA graph and replayed; the host reads only two flags (any active
-utterance? any blank left?) between replays, which is NeMo's "no_while_loops" CUDA-graph mode (NVIDIA/NeMo
-PR #8972). Elsewhere the same bodies run eagerly.
+two loop bodies (the inner blank step and the outer emit step) can run with static shapes and addresses. On a
+CUDA device each body is captured once as a CUDA graph and replayed, computing every row at every step; the host
+reads only two flags (any active utterance? any blank left?) between replays, which is NeMo's "no_while_loops"
+CUDA-graph mode (NVIDIA/NeMo PR #8972). Elsewhere the same bodies run eagerly on only the rows that move.
 
 Legend: B utterances, T encoder frames, D_enc encoder width, J joiner width, C the decoder's context size,
 V vocabulary (blank included).
@@ -47,6 +51,7 @@ class LoopState:
         t: (B_cap,) each utterance's current frame. sym: (B_cap,) labels emitted on that frame so far.
         active: (B_cap,) ``t < lens``. labels: (B_cap,) the argmax at (t, current decoder output).
         blank_mask: (B_cap,) active rows whose argmax is blank (the inner loop's rows).
+        window: (W,) ``1 .. W``, the frame offsets the inner step scans at once.
         contexts: (B_cap, C) decoder input tokens. dec: (B_cap, J) projected decoder output; dec0 its start value.
         tokens, stamps: (B_cap, T_cap·max_sym + 1) emitted labels and their frames; the last column takes the
             writes of inactive rows. n_out: (B_cap,) labels emitted per row.
@@ -61,6 +66,7 @@ class LoopState:
     active: torch.Tensor
     labels: torch.Tensor
     blank_mask: torch.Tensor
+    window: torch.Tensor
     contexts: torch.Tensor
     dec: torch.Tensor
     dec0: torch.Tensor
@@ -88,11 +94,20 @@ class LabelLoopingGreedy:
         use_cuda_graphs: ``None`` captures CUDA graphs when the model is on a CUDA device and runs eagerly
             elsewhere (or when capture fails, with a warning); ``True`` requires them (an error on CPU);
             ``False`` never captures.
+        window: frames the inner step scans at once (1 = one frame per step, as NeMo's inner loop). The decoder
+            output of a row does not change while it consumes blanks, so the argmax of its next ``window``
+            frames comes from one joiner call; the row moves to the first non-blank one. Fewer, larger steps.
+        static_shapes: run every step on all rows (fixed shapes and addresses, what a CUDA graph replays;
+            the default with graphs) instead of only on the rows that move (the default without).
     """
 
-    def __init__(self, model: nn.Module, max_sym_per_frame: int = 1, *, use_cuda_graphs: bool | None = None):
+    def __init__(self, model: nn.Module, max_sym_per_frame: int = 1, *, use_cuda_graphs: bool | None = None,
+                 window: int = 8, static_shapes: bool | None = None):
         if not isinstance(max_sym_per_frame, int) or max_sym_per_frame < 1:
             raise ValueError(f"max_sym_per_frame must be an integer >= 1, got {max_sym_per_frame!r}")
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        self.window = window
         self.model = model
         self.max_sym = max_sym_per_frame
         self.blank = model.decoder.blank_id
@@ -103,6 +118,9 @@ class LabelLoopingGreedy:
                 "Fix: move the model to CUDA, or pass use_cuda_graphs=None (capture only on CUDA)."
             )
         self.use_cuda_graphs = self.device.type == "cuda" if use_cuda_graphs is None else bool(use_cuda_graphs)
+        self._static = self.use_cuda_graphs if static_shapes is None else bool(static_shapes)
+        if self.use_cuda_graphs and not self._static:
+            raise ValueError("CUDA graphs need static_shapes=True (or None)")
         self._required = bool(use_cuda_graphs)
         self.state: LoopState | None = None
         self._graphs: tuple | None = None
@@ -174,7 +192,7 @@ class LabelLoopingGreedy:
             enc=torch.zeros(B, T, enc.shape[-1], dtype=enc.dtype, device=self.device),
             lens=torch.zeros(B, **i64), rows=torch.arange(B, **i64), t=torch.zeros(B, **i64),
             sym=torch.zeros(B, **i64), active=torch.zeros(B, **boolean), labels=torch.zeros(B, **i64),
-            blank_mask=torch.zeros(B, **boolean), contexts=contexts, dec=dec0.clone(), dec0=dec0,
+            blank_mask=torch.zeros(B, **boolean), window=torch.arange(1, self.window + 1, **i64), contexts=contexts, dec=dec0.clone(), dec0=dec0,
             tokens=torch.zeros(B, width, **i64), stamps=torch.zeros(B, width, **i64), n_out=torch.zeros(B, **i64),
             flags=torch.zeros(2, **boolean),
         )
@@ -201,24 +219,40 @@ class LabelLoopingGreedy:
         s.contexts.fill_(self.blank)
         s.dec.copy_(s.dec0)
         torch.lt(s.t, s.lens, out=s.active)
-        s.labels.copy_(self._argmax(s))
+        s.labels.copy_(self._argmax(s, s.rows))
         self._after_labels(s)
 
-    def _argmax(self, s: LoopState) -> torch.Tensor:
-        """(B_cap,) argmax of the joiner at every row's current frame (clamped for finished rows)."""
-        frames = torch.clamp(s.t, max=s.enc.shape[1] - 1)
-        return joint_logits(self.model, s.enc[s.rows, frames], s.dec).argmax(dim=-1)
+    def _argmax(self, s: LoopState, rows: torch.Tensor) -> torch.Tensor:
+        """(N,) argmax of the joiner for ``rows`` at their current frame (clamped for finished rows)."""
+        frames = torch.clamp(s.t.index_select(0, rows), max=s.enc.shape[1] - 1)
+        return joint_logits(self.model, s.enc[rows, frames], s.dec.index_select(0, rows)).argmax(dim=-1)
 
     def _after_labels(self, s: LoopState) -> None:
         torch.logical_and(s.active, s.labels == self.blank, out=s.blank_mask)
         s.flags.copy_(torch.stack([s.active.any(), s.blank_mask.any()]))
 
+    def _rows(self, s: LoopState, mask: torch.Tensor) -> torch.Tensor:
+        """The rows a step computes: all of them for a CUDA graph (static shapes), only ``mask``'s rows eagerly."""
+        return s.rows if self._static else mask.nonzero().squeeze(1)
+
     def _inner(self, s: LoopState) -> None:
-        """Rows whose label is blank move one frame on and look again; the others keep their label."""
-        s.t.add_(s.blank_mask)
+        """Rows whose label is blank look at their next ``window`` frames at once, with the decoder output they
+        already have (it only changes when a label is emitted): each moves to its first frame whose argmax is
+        not blank and takes that label, or past the whole window when every frame is blank."""
+        rows = self._rows(s, s.blank_mask)
+        W, T = s.window.numel(), s.enc.shape[1]
+        frames = s.t.index_select(0, rows)[:, None] + s.window  # (N, W): t+1 .. t+W
+        inside = frames < s.lens.index_select(0, rows)[:, None]
+        enc = s.enc[rows[:, None], frames.clamp(max=T - 1)]  # (N, W, J)
+        found = (joint_logits(self.model, enc, s.dec.index_select(0, rows)[:, None]).argmax(dim=-1))  # (N, W)
+        hit_at = torch.where((found != self.blank) & inside, s.window, W + 1).amin(dim=1)  # 1..W, or W+1: none
+        hit = hit_at <= W
+        label = found.gather(1, (hit_at - 1).clamp(max=W - 1)[:, None]).squeeze(1)
+        m = s.blank_mask.index_select(0, rows)
+        s.t.index_copy_(0, rows, s.t.index_select(0, rows) + torch.where(m, torch.clamp(hit_at, max=W), 0))
+        s.labels.index_copy_(0, rows, torch.where(m, torch.where(hit, label, self.blank), s.labels.index_select(0, rows)))
         s.sym.masked_fill_(s.blank_mask, 0)
         torch.lt(s.t, s.lens, out=s.active)
-        s.labels.copy_(torch.where(s.blank_mask, self._argmax(s), s.labels))
         self._after_labels(s)
 
     def _emit(self, s: LoopState) -> None:
@@ -229,15 +263,18 @@ class LabelLoopingGreedy:
         s.tokens.scatter_(1, col, s.labels[:, None])
         s.stamps.scatter_(1, col, s.t[:, None])
         s.n_out.add_(a)
-        shifted = torch.cat([s.contexts[:, 1:], s.labels[:, None]], dim=1)
-        s.contexts.copy_(torch.where(a[:, None], shifted, s.contexts))
-        s.dec.copy_(torch.where(a[:, None], decoder_step(self.model, s.contexts), s.dec))
+        rows = self._rows(s, a)
+        emitting = a.index_select(0, rows)[:, None]
+        ctx = s.contexts.index_select(0, rows)
+        ctx = torch.where(emitting, torch.cat([ctx[:, 1:], s.labels.index_select(0, rows)[:, None]], dim=1), ctx)
+        s.contexts.index_copy_(0, rows, ctx)
+        s.dec.index_copy_(0, rows, torch.where(emitting, decoder_step(self.model, ctx), s.dec.index_select(0, rows)))
         s.sym.add_(a)
         capped = a & (s.sym >= self.max_sym)
         s.t.add_(capped)
         s.sym.masked_fill_(capped, 0)
         torch.lt(s.t, s.lens, out=s.active)
-        s.labels.copy_(self._argmax(s))
+        s.labels.index_copy_(0, rows, self._argmax(s, rows))
         self._after_labels(s)
 
     # -- CUDA graphs ------------------------------------------------------------------------------
@@ -267,7 +304,7 @@ class LabelLoopingGreedy:
             if self._required:
                 raise RuntimeError(f"CUDA-graph capture of label-looping greedy search failed: {e}") from e
             log.warning("label-looping greedy search runs without CUDA graphs: capture failed (%s)", e)
-            self.use_cuda_graphs = False
+            self.use_cuda_graphs = self._static = False
             return None
 
     def _capture_autocast(self):
@@ -287,6 +324,7 @@ def label_looping_greedy_search(
     *,
     return_timestamps: bool = False,
     use_cuda_graphs: bool | None = None,
+    window: int = 8,
 ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
     """Greedy transducer decoding of a batch by label looping (same results as ``greedy_search``).
 
@@ -298,11 +336,11 @@ def label_looping_greedy_search(
         encoder_out_lens: (B,) integer valid frames per utterance; 0 is allowed (gives ``[]``).
         max_sym_per_frame: at most this many tokens per frame (>= 1).
         return_timestamps: also return, for each token, the encoder frame that emitted it.
-        use_cuda_graphs: see :class:`LabelLoopingGreedy`. A one-off call captures its graphs anew; to decode
-            many batches, keep one :class:`LabelLoopingGreedy`.
+        use_cuda_graphs, window: see :class:`LabelLoopingGreedy`. A one-off call captures its graphs anew; to
+            decode many batches, keep one :class:`LabelLoopingGreedy`.
     Returns:
         B lists of token ids in the input order, without blanks and the start context; with
         ``return_timestamps``, ``(tokens, timestamps)``.
     """
-    search = LabelLoopingGreedy(model, max_sym_per_frame, use_cuda_graphs=use_cuda_graphs)
+    search = LabelLoopingGreedy(model, max_sym_per_frame, use_cuda_graphs=use_cuda_graphs, window=window)
     return search(encoder_out, encoder_out_lens, return_timestamps=return_timestamps)

@@ -15,25 +15,36 @@ from asrprec.precision import POLICIES, get_policy
 LENS = [7, 0, 12, 3, 12, 1]
 
 
+# (window, static_shapes): one frame per inner step as NeMo; windows shorter and longer than the utterances;
+# every step on all rows (as a CUDA graph runs it) or only on the rows that move
+VARIANTS = [(8, False), (1, False), (1, True), (3, True), (16, False)]
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("max_sym", [1, 2, 3])
 @pytest.mark.parametrize("context_size,blank_bias", [(2, 0.0), (1, 2.0), (3, 1.0), (2, -2.0)])
-def test_matches_reference_and_frame_looping(kit, seed, max_sym, context_size, blank_bias):
+@pytest.mark.parametrize("window,static", VARIANTS)
+def test_matches_reference_and_frame_looping(kit, seed, max_sym, context_size, blank_bias, window, static):
+    if seed and (window, static) != VARIANTS[0]:
+        pytest.skip("the second seed runs only the default variant")
     model = kit.make_model(seed, context_size=context_size, blank_bias=blank_bias)
     feats, feat_lens = kit.make_batch(seed, LENS)
     enc, enc_lens = model.encode(feats, feat_lens)
-    got = label_looping_greedy_search(model, enc, enc_lens, max_sym, return_timestamps=True)
+    search = LabelLoopingGreedy(model, max_sym, window=window, static_shapes=static)
+    got = search(enc, enc_lens, return_timestamps=True)
     want = [kit.naive_greedy_timestamps(model, enc[i, :n], max_sym) for i, n in enumerate(LENS)]
     assert got == ([w[0] for w in want], [w[1] for w in want])
     assert got == greedy_search(model, enc, enc_lens, max_sym, return_timestamps=True)
-    assert label_looping_greedy_search(model, enc, enc_lens, max_sym) == got[0]
+    assert label_looping_greedy_search(model, enc, enc_lens, max_sym, window=window) == got[0]
     if max_sym > 1 and blank_bias <= 0.0:  # meaningful only if some frame emits several symbols
         assert any(len(set(s)) < len(s) for s in got[1])
 
 
 def _both(model, enc, enc_lens, max_sym):
     ll = label_looping_greedy_search(model, enc, enc_lens, max_sym, return_timestamps=True)
+    static = LabelLoopingGreedy(model, max_sym, window=1, static_shapes=True)(enc, enc_lens, return_timestamps=True)
     fl = greedy_search(model, enc, enc_lens, max_sym, return_timestamps=True)
+    assert static == ll
     return ll, fl
 
 
@@ -84,8 +95,8 @@ def test_state_is_updated_in_place_and_reused(kit):
     """The loop only writes into the preallocated state (what lets a CUDA graph replay it), and a second batch
     of the same size reuses that state with a fresh start."""
     model = kit.make_model(3)
-    search = LabelLoopingGreedy(model, max_sym_per_frame=2)
-    assert not search.use_cuda_graphs  # CPU: eager
+    search = LabelLoopingGreedy(model, max_sym_per_frame=2, static_shapes=True)
+    assert not search.use_cuda_graphs  # CPU: eager, with the shapes a graph would have
     feats, feat_lens = kit.make_batch(3, LENS)
     enc, enc_lens = model.encode(feats, feat_lens)
     first = search(enc, enc_lens, return_timestamps=True)
@@ -115,6 +126,8 @@ def test_edge_cases_and_errors(kit):
         label_looping_greedy_search(model, enc, torch.tensor([6, 1, 1]))
     with pytest.raises(ValueError, match="use_cuda_graphs=True needs a model on a CUDA device"):
         LabelLoopingGreedy(model, use_cuda_graphs=True)
+    with pytest.raises(ValueError, match="window"):
+        LabelLoopingGreedy(model, window=0)
 
 
 @pytest.mark.gpu
