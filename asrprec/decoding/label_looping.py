@@ -192,7 +192,8 @@ class LabelLoopingGreedy:
             enc=torch.zeros(B, T, enc.shape[-1], dtype=enc.dtype, device=self.device),
             lens=torch.zeros(B, **i64), rows=torch.arange(B, **i64), t=torch.zeros(B, **i64),
             sym=torch.zeros(B, **i64), active=torch.zeros(B, **boolean), labels=torch.zeros(B, **i64),
-            blank_mask=torch.zeros(B, **boolean), window=torch.arange(1, self.window + 1, **i64), contexts=contexts, dec=dec0.clone(), dec0=dec0,
+            blank_mask=torch.zeros(B, **boolean), window=torch.arange(1, self.window + 1, **i64),
+            contexts=contexts, dec=dec0.clone(), dec0=dec0,
             tokens=torch.zeros(B, width, **i64), stamps=torch.zeros(B, width, **i64), n_out=torch.zeros(B, **i64),
             flags=torch.zeros(2, **boolean),
         )
@@ -250,7 +251,8 @@ class LabelLoopingGreedy:
         label = found.gather(1, (hit_at - 1).clamp(max=W - 1)[:, None]).squeeze(1)
         m = s.blank_mask.index_select(0, rows)
         s.t.index_copy_(0, rows, s.t.index_select(0, rows) + torch.where(m, torch.clamp(hit_at, max=W), 0))
-        s.labels.index_copy_(0, rows, torch.where(m, torch.where(hit, label, self.blank), s.labels.index_select(0, rows)))
+        kept = s.labels.index_select(0, rows)
+        s.labels.index_copy_(0, rows, torch.where(m, torch.where(hit, label, self.blank), kept))
         s.sym.masked_fill_(s.blank_mask, 0)
         torch.lt(s.t, s.lens, out=s.active)
         self._after_labels(s)

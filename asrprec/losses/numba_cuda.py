@@ -19,8 +19,8 @@ with the differences that matter for low precision and long transcripts):
 
 Every accumulator, reduction scratch, α, β and cost is fp32, and so is every operation: ``clamp`` and
 FastEmit's λ reach the kernels as fp32 scalars and every constant is an fp32 value, so the PTX holds no
-f64 instruction (double precision runs at 1/64 of the fp32 rate on GeForce Ampere/Ada cards;
-``tests/losses/test_numba_cuda_compile.py`` counts them for sm_80..sm_90 without a GPU). fp16 logits are read natively; bf16
+f64 instruction (double precision runs at 1/64 of the fp32 rate on GeForce Ampere/Ada cards; the compile
+test tier counts them for sm_80..sm_90 without a GPU). fp16 logits are read natively; bf16
 logits are read as raw 16-bit integers (numba has no bfloat16) and converted exactly with a
 table of powers of two; fp32→bf16 stores round to nearest even. Storing the gradient in fp16 adds its rounding
 error (≤ 2⁻¹¹ relative, about 2.4e-4 absolute for gradients of order 0.5, reference/nemo.md §1.3;

@@ -142,7 +142,8 @@ def test_cuda_graphs_match_eager_and_frame_looping(kit, policy):
     assert graphs(enc, enc_lens, return_timestamps=True) == eager(enc, enc_lens, return_timestamps=True) == want
     assert graphs._graphs is not None
     # a smaller batch replays the same graphs on padded state
-    assert graphs(enc[:2, :7], enc_lens[:2].clamp(max=7)) == greedy_search(model, enc[:2, :7], enc_lens[:2].clamp(max=7), 2)
+    part, part_lens = enc[:2, :7], enc_lens[:2].clamp(max=7)
+    assert graphs(part, part_lens) == greedy_search(model, part, part_lens, 2)
 
 
 def test_decode_dataset_with_label_looping(kit):
