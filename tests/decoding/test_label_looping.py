@@ -38,12 +38,12 @@ def test_matches_reference_and_frame_looping(kit, seed, max_sym, context_size, b
         assert any(len(set(s)) < len(s) for s in got[1])
 
 
-def _both(model, enc, enc_lens, max_sym):
+def _both(model, enc, enc_lens, max_sym, static=False):
     ll = label_looping_greedy_search(model, enc, enc_lens, max_sym, return_timestamps=True)
-    static = LabelLoopingGreedy(model, max_sym, window=1, static_shapes=True)(enc, enc_lens, return_timestamps=True)
-    fl = greedy_search(model, enc, enc_lens, max_sym, return_timestamps=True)
-    assert static == ll
-    return ll, fl
+    if static:  # also every step on all rows, one frame at a time (what a CUDA graph replays)
+        static_search = LabelLoopingGreedy(model, max_sym, window=1, static_shapes=True)
+        assert static_search(enc, enc_lens, return_timestamps=True) == ll
+    return ll, greedy_search(model, enc, enc_lens, max_sym, return_timestamps=True)
 
 
 def _random_transducer(encoder: str, feats: torch.Tensor):
@@ -78,7 +78,7 @@ def test_every_policy_batched_and_one_by_one(encoder):
         with torch.no_grad(), (autocast.autocast() if autocast else torch.autocast("cpu", enabled=False)):
             enc, enc_lens = m.encode(feats, feat_lens)
             for max_sym in (1, 2):
-                ll, fl = _both(m, enc, enc_lens, max_sym)
+                ll, fl = _both(m, enc, enc_lens, max_sym, static=True)
                 assert ll == fl, (name, max_sym)
                 for i, n in enumerate(enc_lens.tolist()):
                     one = _both(m, enc[i : i + 1, :n], enc_lens[i : i + 1], max_sym)
