@@ -11,8 +11,10 @@ Precision modes (the same weights every time):
 Methods: ``greedy_search`` (frame-looping), ``label_looping`` (:class:`asrprec.decoding.LabelLoopingGreedy`,
 eager), ``label_looping_graphs`` (the same, captured as CUDA graphs; CUDA only) and ``modified_beam_search``.
 
-Each row: WER (%), RTFx = audio seconds / (encoder + search) seconds, and the encoder and search seconds, the
-median of ``--runs`` timed passes after one warm-up pass; features are loaded before timing. With a trained model
+Each row: WER (%), RTFx = audio seconds / (encoder + search) seconds, by the wall clock and by this process's CPU
+time (on a shared machine the wall clock also counts the time the process waits for a core; with one thread the
+CPU time is the work itself), and the four times, medians of ``--runs`` timed passes after one warm-up pass, the
+methods of a mode interleaved pass by pass; features are loaded before timing. With a trained model
 (``--exp-dir``, ``--epoch``, ``--avg``, ``--data-dir``) the WER is real; ``--synthetic`` decodes random features
 with random weights (speed only: the blank logit is shifted so greedy search emits about ``--token-rate`` tokens
 per encoder frame, as a trained model would), for machines without the data.
@@ -150,28 +152,33 @@ def searcher(model, method: str, args):
 
 
 @torch.inference_mode()
-def run_one(model, autocast, search, batches, device: str, runs: int) -> tuple[list[list[int]], float, float]:
-    """Decode every batch ``runs + 1`` times (the first pass warms up); (hyps, median encoder s, median search s)."""
-    enc_times, search_times, hyps = [], [], []
+def run_mode(model, autocast, searches: dict, batches, device: str, runs: int) -> dict:
+    """Decode every batch with each search ``runs + 1`` times, the searches interleaved pass by pass (so a
+    shared machine's load changes hit them alike; the first pass warms up). Per search: hyps and the medians
+    of encoder and search wall seconds and encoder and search CPU seconds (this process)."""
+    times = {name: ([], [], [], []) for name in searches}
+    hyps = {}
     for run in range(runs + 1):
-        te = ts = 0.0
-        hyps = []
-        for batch in batches:
-            feats, lens = batch["features"].to(device), batch["feature_lens"].to(device)
-            with autocast():
-                _sync(device)
-                t0 = time.perf_counter()
-                enc, enc_lens = model.encode(feats, lens)
-                _sync(device)
-                t1 = time.perf_counter()
-                hyps += search(enc, enc_lens)
-                _sync(device)
-                t2 = time.perf_counter()
-            te, ts = te + t1 - t0, ts + t2 - t1
-        if run:
-            enc_times.append(te)
-            search_times.append(ts)
-    return hyps, statistics.median(enc_times), statistics.median(search_times)
+        for name, search in searches.items():
+            te = ts = ce = cs = 0.0
+            out = []
+            for batch in batches:
+                feats, lens = batch["features"].to(device), batch["feature_lens"].to(device)
+                with autocast():
+                    _sync(device)
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    enc, enc_lens = model.encode(feats, lens)
+                    _sync(device)
+                    t1, c1 = time.perf_counter(), time.process_time()
+                    out += search(enc, enc_lens)
+                    _sync(device)
+                    t2, c2 = time.perf_counter(), time.process_time()
+                te, ts, ce, cs = te + t1 - t0, ts + t2 - t1, ce + c1 - c0, cs + c2 - c1
+            hyps[name] = out
+            if run:
+                for acc, v in zip(times[name], (te, ts, ce, cs)):
+                    acc.append(v)
+    return {name: (hyps[name], *(statistics.median(a) for a in times[name])) for name in searches}
 
 
 def main(argv=None) -> str:
@@ -186,25 +193,23 @@ def main(argv=None) -> str:
     audio = sum(float(b["feature_lens"].sum()) for b in batches) * FRAME_SHIFT_S
     refs = [t.split() for b in batches for t in (b["texts"] or [])]
     n_utts = sum(len(b["feature_lens"]) for b in batches)
-    lines = ["| mode | method | WER % | RTFx | encoder s | search s | tokens | same as greedy_search |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | method | WER % | RTFx (wall) | RTFx (CPU) | encoder s | search s | encoder CPU s | search CPU s "
+             "| tokens | same as greedy_search |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for mode in modes:
         m, autocast = variant(model, mode, args.device)
-        frame_looping = None
-        for method in methods:
-            hyps, te, ts = run_one(m, autocast, searcher(m, method, args), batches, args.device, args.runs)
-            if method == "greedy_search":
-                frame_looping = hyps
+        results = run_mode(m, autocast, {method: searcher(m, method, args) for method in methods}, batches,
+                           args.device, args.runs)
+        for method, (hyps, te, ts, ce, cs) in results.items():
             same = "-"
-            if method.startswith("label_looping") and frame_looping is not None:
-                differ = sum(a != b for a, b in zip(hyps, frame_looping))
+            if method.startswith("label_looping") and "greedy_search" in results:
+                differ = sum(a != b for a, b in zip(hyps, results["greedy_search"][0]))
                 same = "yes" if differ == 0 else f"no: {differ} of {len(hyps)} utterances differ"
             wer = "-"
             if tokenizer is not None:
                 wer = f"{compute_wer(refs, [tokenizer.decode(h).split() for h in hyps]).wer_percent:.2f}"
-            row = (f"| {mode} | {method} | {wer} | {audio / (te + ts):.1f} | {te:.2f} | {ts:.2f} | {sum(map(len, hyps))} "
-                   f"| {same} |")
+            row = (f"| {mode} | {method} | {wer} | {audio / (te + ts):.1f} | {audio / (ce + cs):.1f} | {te:.2f} | "
+                   f"{ts:.2f} | {ce:.2f} | {cs:.2f} | {sum(map(len, hyps))} | {same} |")
             lines.append(row)
             print(row, flush=True)
     source = (f"synthetic: random {args.encoder} {args.size}, V={args.vocab}, {n_utts} utterances x <= {args.seconds} s, "
