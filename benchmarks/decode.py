@@ -13,8 +13,8 @@ eager), ``label_looping_graphs`` (the same, captured as CUDA graphs; CUDA only) 
 
 Each row: WER (%), RTFx = audio seconds / (encoder + search) seconds, by the wall clock and by this process's CPU
 time (on a shared machine the wall clock also counts the time the process waits for a core; with one thread the
-CPU time is the work itself), and the four times, medians of ``--runs`` timed passes after one warm-up pass, the
-methods of a mode interleaved pass by pass; features are loaded before timing. With a trained model
+CPU time is the work itself), and the four times, medians of ``--runs`` timed passes after one warm-up pass, every
+mode x method interleaved pass by pass; features are loaded before timing. With a trained model
 (``--exp-dir``, ``--epoch``, ``--avg``, ``--data-dir``) the WER is real; ``--synthetic`` decodes random features
 with random weights (speed only: the blank logit is shifted so greedy search emits about ``--token-rate`` tokens
 per encoder frame, as a trained model would), for machines without the data.
@@ -152,14 +152,14 @@ def searcher(model, method: str, args):
 
 
 @torch.inference_mode()
-def run_mode(model, autocast, searches: dict, batches, device: str, runs: int) -> dict:
-    """Decode every batch with each search ``runs + 1`` times, the searches interleaved pass by pass (so a
-    shared machine's load changes hit them alike; the first pass warms up). Per search: hyps and the medians
-    of encoder and search wall seconds and encoder and search CPU seconds (this process)."""
-    times = {name: ([], [], [], []) for name in searches}
+def run_all(setups: dict, batches, device: str, runs: int) -> dict:
+    """Decode every batch with each setup ``(model, autocast, search)`` ``runs + 1`` times, all setups interleaved
+    pass by pass (so a shared machine's load changes hit them alike; the first pass warms up). Per setup: hyps and
+    the medians of encoder and search wall seconds and encoder and search CPU seconds (this process)."""
+    times = {key: ([], [], [], []) for key in setups}
     hyps = {}
     for run in range(runs + 1):
-        for name, search in searches.items():
+        for key, (model, autocast, search) in setups.items():
             te = ts = ce = cs = 0.0
             out = []
             for batch in batches:
@@ -174,11 +174,11 @@ def run_mode(model, autocast, searches: dict, batches, device: str, runs: int) -
                     _sync(device)
                     t2, c2 = time.perf_counter(), time.process_time()
                 te, ts, ce, cs = te + t1 - t0, ts + t2 - t1, ce + c1 - c0, cs + c2 - c1
-            hyps[name] = out
+            hyps[key] = out
             if run:
-                for acc, v in zip(times[name], (te, ts, ce, cs)):
+                for acc, v in zip(times[key], (te, ts, ce, cs)):
                     acc.append(v)
-    return {name: (hyps[name], *(statistics.median(a) for a in times[name])) for name in searches}
+    return {key: (hyps[key], *(statistics.median(a) for a in times[key])) for key in setups}
 
 
 def main(argv=None) -> str:
@@ -196,22 +196,24 @@ def main(argv=None) -> str:
     lines = ["| mode | method | WER % | RTFx (wall) | RTFx (CPU) | encoder s | search s | encoder CPU s | search CPU s "
              "| tokens | same as greedy_search |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
+    setups = {}
     for mode in modes:
         m, autocast = variant(model, mode, args.device)
-        results = run_mode(m, autocast, {method: searcher(m, method, args) for method in methods}, batches,
-                           args.device, args.runs)
-        for method, (hyps, te, ts, ce, cs) in results.items():
-            same = "-"
-            if method.startswith("label_looping") and "greedy_search" in results:
-                differ = sum(a != b for a, b in zip(hyps, results["greedy_search"][0]))
-                same = "yes" if differ == 0 else f"no: {differ} of {len(hyps)} utterances differ"
-            wer = "-"
-            if tokenizer is not None:
-                wer = f"{compute_wer(refs, [tokenizer.decode(h).split() for h in hyps]).wer_percent:.2f}"
-            row = (f"| {mode} | {method} | {wer} | {audio / (te + ts):.1f} | {audio / (ce + cs):.1f} | {te:.2f} | "
-                   f"{ts:.2f} | {ce:.2f} | {cs:.2f} | {sum(map(len, hyps))} | {same} |")
-            lines.append(row)
-            print(row, flush=True)
+        for method in methods:
+            setups[mode, method] = (m, autocast, searcher(m, method, args))
+    results = run_all(setups, batches, args.device, args.runs)
+    for (mode, method), (hyps, te, ts, ce, cs) in results.items():
+        same = "-"
+        if method.startswith("label_looping") and (mode, "greedy_search") in results:
+            differ = sum(a != b for a, b in zip(hyps, results[mode, "greedy_search"][0]))
+            same = "yes" if differ == 0 else f"no: {differ} of {len(hyps)} utterances differ"
+        wer = "-"
+        if tokenizer is not None:
+            wer = f"{compute_wer(refs, [tokenizer.decode(h).split() for h in hyps]).wer_percent:.2f}"
+        row = (f"| {mode} | {method} | {wer} | {audio / (te + ts):.1f} | {audio / (ce + cs):.1f} | {te:.2f} | "
+               f"{ts:.2f} | {ce:.2f} | {cs:.2f} | {sum(map(len, hyps))} | {same} |")
+        lines.append(row)
+        print(row, flush=True)
     source = (f"synthetic: random {args.encoder} {args.size}, V={args.vocab}, {n_utts} utterances x <= {args.seconds} s, "
               f"blank shifted for {args.token_rate} tokens/frame" if args.synthetic else
               f"{args.exp_dir} epoch {args.epoch} avg {args.avg}, {args.split}: {n_utts} utterances")
