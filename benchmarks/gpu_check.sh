@@ -50,7 +50,7 @@ numba_cuda=$($PY -c 'import importlib.metadata as m; print(m.version("numba-cuda
 # The GPU command lines; a dry run appends toy-size overrides (argparse keeps the last value), so it parses
 # exactly the flags the GPU run uses.
 LOSS_ARGS=(--device cuda --backends numba-cuda,torch --repeats 3 --peer-repeats 3
-  --shapes "1,200,100,28;16,200,100,28;1,200,100,1024;8,200,100,1024;32,200,100,1024;8,400,200,1024")
+  --shapes "1,200,100,28;1,200,100,1024;8,200,100,1024;32,200,100,1024;8,400,200,1024")
 STREAM_ARGS=(--device cuda --sizes small --policies fp32,bf16 --streams 1,16 --chunks 32 --left 128 --seconds 10 --runs 3)
 DECODE_ARGS=(--synthetic --size medium --vocab 500 --utts 32 --seconds 10 --runs 2 --device cuda)
 if [ "$DRY" = 1 ]; then
