@@ -15,9 +15,9 @@ from asrprec.precision import POLICIES, get_policy
 LENS = [7, 0, 12, 3, 12, 1]
 
 
-# (window, static_shapes): one frame per inner step as NeMo; windows shorter and longer than the utterances;
-# every step on all rows (as a CUDA graph runs it) or only on the rows that move
-# the second seed only for the default (window 8, moving rows only)
+# (seed, window, static_shapes): one frame per inner step as NeMo; windows shorter and longer than the utterances;
+# every step on all rows (as a CUDA graph runs it) or only on the rows that move; the second seed only for the
+# default (window 8, moving rows only)
 VARIANTS = [(0, 8, False), (1, 8, False), (0, 1, False), (0, 1, True), (0, 3, True), (0, 16, False)]
 
 
