@@ -168,14 +168,14 @@ def train_step(device: str, dry: bool) -> int:
     targets = torch.randint(1, V, (B, U), generator=g).to(device)
     tlens = torch.full((B,), U, device=device)
     print(f"Zipformer {size}, pruned loss, ScaledAdam; batch {B} x {frames / 100:.0f} s, U={U}, V={V}\n")
-    print("| policy | parameters | step ms (median of 3) | peak GB | peak / fp32 |")
-    print("|---|---|---|---|---|")
-    fp32_peak = None
+    print("| policy | parameters | step ms (median of 3) | peak GB | peak / fp32 | peak / amp-fp16 |")
+    print("|---|---|---|---|---|---|")
+    peaks = {}
     for name in POLICIES:
         try:
             policy = get_policy(name, device)
         except UnsupportedPrecisionError as e:
-            print(f"| {name} | - | unsupported here: {e} | - | - |")
+            print(f"| {name} | - | unsupported here: {e} | - | - | - |")
             continue
         torch.manual_seed(0)
         model = build_transducer(encoder="zipformer", size=size, vocab_size=V, loss=LossConfig(loss="pruned"))
@@ -199,11 +199,12 @@ def train_step(device: str, dry: bool) -> int:
             if i >= 1:
                 times.append(time.perf_counter() - t0)
         peak = _peak_gb(device, 0)
-        if name == "fp32" and peak != "-":
-            fp32_peak = float(peak)
-        ratio = f"{float(peak) / fp32_peak:.2f}" if fp32_peak and peak != "-" else "-"
-        print(f"| {name} | {count_parameters(model):,} | {statistics.median(times) * 1e3:.0f} | {peak} | {ratio} |",
-              flush=True)
+        if peak != "-":
+            peaks[name] = float(peak)
+        ratios = [f"{peaks[name] / peaks[ref]:.2f}" if name in peaks and ref in peaks else "-"
+                  for ref in ("fp32", "amp-fp16")]
+        print(f"| {name} | {count_parameters(model):,} | {statistics.median(times) * 1e3:.0f} | {peak} | "
+              f"{' | '.join(ratios)} |", flush=True)
         del model, opt, scaler, loss
         if device == "cuda":
             torch.cuda.empty_cache()
