@@ -29,6 +29,7 @@ import argparse
 import copy
 import datetime
 import json
+import os
 import platform
 import statistics
 import time
@@ -137,6 +138,17 @@ def variant(model, mode: str, device: str):
     return m, lambda: torch.autocast(device, dtype=dtype)
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -217,7 +229,7 @@ def main(argv=None) -> str:
     source = (f"synthetic: random {args.encoder} {args.size}, V={args.vocab}, {n_utts} utterances x <= {args.seconds} s, "
               f"blank shifted for {args.token_rate} tokens/frame" if args.synthetic else
               f"{args.exp_dir} epoch {args.epoch} avg {args.avg}, {args.split}: {n_utts} utterances")
-    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else platform.processor() or "cpu"
+    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else _cpu_name()
     header = (f"\n### Decoding: precision modes x methods ({device}, {torch.get_num_threads()} threads, torch "
               f"{torch.__version__}, {datetime.date.today()})\n\n{source}; {audio:.0f} s of audio; beam {args.beam}, "
               f"max_sym_per_frame {args.max_sym_per_frame}; median of {args.runs} runs after a warm-up.\n")
