@@ -15,10 +15,12 @@ from .beam_search import modified_beam_search
 from .dataset import decode_dataset
 from .greedy import greedy_search
 from .hypothesis import Hypothesis, HypothesisList
+from .label_looping import LabelLoopingGreedy, label_looping_greedy_search
 from .streaming import StreamingGreedySearch, StreamingModifiedBeamSearch, streaming_decode, streaming_encode
 
 __all__ = [
     "METHODS", "DecodingOptions", "Hypothesis", "HypothesisList", "decode", "decode_dataset", "decode_encoder_out",
     "greedy_search", "modified_beam_search", "StreamingGreedySearch", "StreamingModifiedBeamSearch",
     "streaming_decode", "streaming_encode",
+    "LabelLoopingGreedy", "label_looping_greedy_search",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -23,11 +23,14 @@ def decode_dataset(
     model: nn.Module, loader: Iterable[dict], tokenizer, options: DecodingOptions | None,
     device: torch.device | str = "cpu",
     streaming: tuple[int, int] | None = None,
+    search: Callable[[torch.Tensor, torch.Tensor], list[list[int]]] | None = None,
 ) -> tuple[list[tuple[str, list[str], list[str]]], dict[str, float]]:
     """Decode every batch of ``loader`` (dicts with ``features``, ``feature_lens``, ``texts``, ``cut_ids``).
 
     ``streaming=(chunk_size, left_context_frames)`` decodes a causal Zipformer chunk by chunk with its caches
-    (:func:`asrprec.decoding.streaming_decode`) instead of encoding whole utterances.
+    (:func:`asrprec.decoding.streaming_decode`) instead of encoding whole utterances. ``search``, called as
+    ``search(encoder_out (B, T, D_enc), encoder_out_lens (B,))`` after ``model.encode``, replaces the method named
+    in ``options`` for whole utterances (e.g. a :class:`asrprec.decoding.LabelLoopingGreedy` kept across batches).
 
     Cuts the loader could not read (named in a batch's ``dropped_cuts``) are left out of the results, logged, and
     counted in ``stats["unreadable_cuts"]``.
@@ -49,7 +52,9 @@ def decode_dataset(
         features = batch["features"].to(device)
         feature_lens = batch["feature_lens"].to(device)
         with meter.measure(audio_seconds=float(batch["feature_lens"].sum()) * FRAME_SHIFT_S):
-            if streaming is None:
+            if streaming is None and search is not None:
+                hyps = search(*model.encode(features, feature_lens))
+            elif streaming is None:
                 hyps = decode(model, features, feature_lens, options)
             else:
                 hyps = streaming_decode(model, features, feature_lens, options, *streaming)

@@ -83,19 +83,23 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
     ..., ...}}`` and prints one line per split.
     """
     from asrprec.data import check_cuts
-    from asrprec.decoding import DecodingOptions, decode_dataset
+    from asrprec.decoding import DecodingOptions, LabelLoopingGreedy, decode_dataset
     from asrprec.metrics import write_error_stats, write_recogs
 
     exp_dir = Path(exp_dir)
     options = DecodingOptions(method=args.decoding_method, beam=args.beam_size,
                               max_sym_per_frame=args.max_sym_per_frame)
     tag = setup.tag
+    search = None  # label looping keeps its preallocated state (and CUDA graphs) across batches
+    if (args.decoding_method == "greedy_search" and getattr(args, "greedy_method", "frame_looping") == "label_looping"
+            and setup.streaming is None):
+        search = LabelLoopingGreedy(setup.model, args.max_sym_per_frame)
     summary = {}
     for split, split_cuts in cuts.items():
         split_cuts, report = check_cuts(split_cuts, split=split, mode=getattr(args, "validate_data", "fast"),
                                         min_frames=setup.min_input_frames, require_transcript=False)
         results, stats = decode_dataset(setup.model, make_loader(split_cuts), tokenizer, options, setup.policy.device,
-                                        streaming=setup.streaming)
+                                        streaming=setup.streaming, search=search)
         write_recogs(exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         left_out = report.dropped + stats["unreadable_cuts"]

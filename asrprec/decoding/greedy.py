@@ -22,7 +22,9 @@ def greedy_search(
     encoder_out: torch.Tensor,
     encoder_out_lens: torch.Tensor,
     max_sym_per_frame: int = 1,
-) -> list[list[int]]:
+    *,
+    return_timestamps: bool = False,
+) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
     """Greedy transducer decoding of a batch.
 
     On each frame, take the argmax token; if it is not blank, emit it, update the decoder and try the
@@ -38,21 +40,24 @@ def greedy_search(
         encoder_out: (B, T, D_enc) from ``model.encode``, any float dtype.
         encoder_out_lens: (B,) integer valid frames per utterance; 0 is allowed (gives ``[]``).
         max_sym_per_frame: at most this many tokens per frame (>= 1).
+        return_timestamps: also return, for each token, the encoder frame that emitted it.
     Returns:
-        B lists of token ids, in the input order, without blanks and without the decoder's start context.
+        B lists of token ids, in the input order, without blanks and without the decoder's start context;
+        with ``return_timestamps``, ``(tokens, timestamps)``: two such lists of lists, of equal lengths.
     """
     if not isinstance(max_sym_per_frame, int) or max_sym_per_frame < 1:
         raise ValueError(f"max_sym_per_frame must be an integer >= 1, got {max_sym_per_frame!r}")
     batch = sort_and_project(model, encoder_out, encoder_out_lens)
     B = encoder_out.size(0)
     if B == 0:
-        return []
+        return ([], []) if return_timestamps else []
     blank = model.decoder.blank_id
     C = model.decoder.context_size
     device = model_device(model)
     enc = batch.encoder_proj  # (B, T, J), sorted by decreasing length
 
     hyps: list[list[int]] = [[] for _ in range(B)]
+    stamps: list[list[int]] = [[] for _ in range(B)]
     contexts = torch.full((B, C), blank, dtype=torch.int64, device=device)
     dec = decoder_step(model, contexts)  # (B, J)
     for t, n in enumerate(batch.batch_sizes):
@@ -66,6 +71,9 @@ def greedy_search(
                 break
             for r, k in zip(rows.tolist(), tokens.tolist()):
                 hyps[r].append(k)
+                stamps[r].append(t)
             contexts[rows] = torch.cat([contexts[rows, 1:], tokens[:, None]], dim=1)
             dec[rows] = decoder_step(model, contexts[rows])
+    if return_timestamps:
+        return batch.unsort(hyps), batch.unsort(stamps)
     return batch.unsort(hyps)

@@ -17,7 +17,10 @@ with the differences that matter for low precision and long transcripts):
    registers and stored in the gradient dtype: the logits' dtype by default, or fp32 after
    :func:`set_grad_dtype` (``torch.float32``). Padded cells get exact zeros.
 
-Every accumulator, reduction scratch, α, β and cost is fp32. fp16 logits are read natively; bf16
+Every accumulator, reduction scratch, α, β and cost is fp32, and so is every operation: ``clamp`` and
+FastEmit's λ reach the kernels as fp32 scalars and every constant is an fp32 value, so the PTX holds no
+f64 instruction (double precision runs at 1/64 of the fp32 rate on GeForce Ampere/Ada cards; the compile
+test tier counts them for sm_80..sm_90 without a GPU). fp16 logits are read natively; bf16
 logits are read as raw 16-bit integers (numba has no bfloat16) and converted exactly with a
 table of powers of two; fp32→bf16 stores round to nearest even. Storing the gradient in fp16 adds its rounding
 error (≤ 2⁻¹¹ relative, about 2.4e-4 absolute for gradients of order 0.5, reference/nemo.md §1.3;
@@ -83,7 +86,14 @@ def _build() -> dict:
     cuda = require("numba.cuda")
     from numba import float32, int16, int32
 
+    # Every constant is an fp32 value: numba types a Python float literal as float64, and one such operand
+    # turns the arithmetic around it into fp64 instructions (1/64 of the fp32 rate on consumer GPUs).
     NEG_INF = float32(-math.inf)
+    INF = float32(math.inf)
+    ZERO = float32(0.0)
+    HALF = float32(0.5)
+    ONE = float32(1.0)
+    TWO = float32(2.0)
 
     @cuda.jit(device=True)
     def read(x, i, kind, p2):
@@ -98,7 +108,7 @@ def _build() -> dict:
             e = (bits >> 7) & 0xFF
             m = bits & 0x7F
             if e == 0xFF:
-                val = float32(math.inf) if m == 0 else float32(math.nan)
+                val = INF if m == 0 else float32(math.nan)
             elif e == 0:
                 val = float32(m) * p2[0]
             else:
@@ -115,12 +125,12 @@ def _build() -> dict:
             return int32(0x7FC0)
         sign = int32(0)
         a = g
-        if g < 0:
+        if g < ZERO:
             sign = int32(0x8000)
             a = -g
-        if a == math.inf:
+        if a == INF:
             bits = sign | 0x7F80
-        elif a == 0:
+        elif a == ZERO:
             bits = sign
         else:
             fr, k = math.frexp(a)  # a = fr·2^k, fr in [0.5, 1)
@@ -130,10 +140,9 @@ def _build() -> dict:
             else:
                 q = a * float32(2.0**64) * float32(2.0**69)  # subnormal: units of 2^-133 (exact scaling)
                 e = int32(0)
-            fl = math.floor(q)
-            r = q - fl
-            mant = int32(fl)
-            if r > 0.5 or (r == 0.5 and (mant & 1) == 1):
+            mant = int32(math.floor(q))  # q < 2^9: the integer part is exact in fp32
+            r = q - float32(mant)
+            if r > HALF or (r == HALF and (mant & 1) == 1):
                 mant += 1
             if e >= 1:
                 if mant == 256:
@@ -187,8 +196,8 @@ def _build() -> dict:
         m = sm[0]
         cuda.syncthreads()
         if m == NEG_INF:
-            m = float32(0.0)
-        acc = float32(0.0)
+            m = ZERO
+        acc = ZERO
         for v in range(tid, V, nt):
             acc += math.exp(read(x, base + v, kind, p2) - m)
         sm[tid] = acc
@@ -215,7 +224,7 @@ def _build() -> dict:
         Ub = ulens[b]
         off = b * T * U1
         if tid == 0:
-            alpha[off] = 0.0
+            alpha[off] = ZERO
         cuda.syncthreads()
         for n in range(1, Tb + Ub):
             u = max(0, n - Tb + 1) + tid
@@ -276,25 +285,25 @@ def _build() -> dict:
         if t >= Tb or u > Ub:
             for v in range(tid, V, nt):
                 if okind == 2:
-                    out[base + v] = 0
+                    out[base + v] = int16(0)
                 else:
-                    out[base + v] = 0.0
+                    out[base + v] = ZERO
             return
         a = alpha[c]
         L = ll[b]
-        gb = float32(0.0)
+        gb = ZERO
         if t + 1 < Tb:
             gb = math.exp(a + lb[c] + beta[c + U1] - L)
         elif u == Ub:
             gb = math.exp(a + lb[c] - L)
-        gl = float32(0.0)
+        gl = ZERO
         y = -1
         if u < Ub:
-            gl = float32(1.0 + lam) * math.exp(a + ly[c] + beta[c + 1] - L)
+            gl = (ONE + lam) * math.exp(a + ly[c] + beta[c + 1] - L)
             y = targets[b * (U1 - 1) + u]
         coef = gb + gl
         shift = NEG_INF
-        if coef > 0:
+        if coef > ZERO:
             shift = math.log(coef) - lse[c]
         for v in range(tid, V, nt):
             g = math.exp(read(x, base + v, kind, p2) + shift)
@@ -302,7 +311,7 @@ def _build() -> dict:
                 g -= gb
             if v == y:
                 g -= gl
-            if clamp > 0:
+            if clamp > ZERO:
                 g = min(max(g, -clamp), clamp)
             if okind == 2:
                 out[base + v] = int16(bf16_bits(g))
@@ -313,7 +322,7 @@ def _build() -> dict:
     def probe(a):
         i = cuda.grid(1)
         if i < a.size:
-            a[i] = a[i] * 2.0 + 1.0
+            a[i] = a[i] * TWO + ONE
 
     return dict(denominators=denominators, alphas=alphas, betas=betas, gradient=gradient, probe=probe, bf16_bits=bf16_bits)
 
@@ -403,19 +412,40 @@ def numba_cuda_forward(
         cfg = lambda grid, block: (grid, block, stream)  # noqa: E731
         ctx = cuda.gpus[dev.index]
     with ctx:
-        xa, tga, tla, ula = arr(x), arr(tg), arr(logit_lens), arr(target_lens)
-        p2a = arr(_pow2_table(dev))
-        lsea, lba, lya, aa, ba, lla = arr(lse), arr(lb), arr(ly), arr(alpha), arr(beta), arr(ll)
-        k["denominators"][cfg(n_cells, tv)](xa, kind, p2a, tga, tla, ula, blank, T, U1, V, lsea, lba, lya)
-        k["alphas"][cfg(B, dp)](lba, lya, tla, ula, T, U1, aa, lla)
+        args = kernel_args(
+            arr(x), arr(grad) if need_grad else None, arr(tg), arr(logit_lens), arr(target_lens),
+            arr(_pow2_table(dev)), [arr(a) for a in (lse, lb, ly, alpha, beta, ll)],
+            kind=kind, okind=okind, blank=blank, T=T, U1=U1, V=V, clamp=clamp, fastemit_lambda=fastemit_lambda,
+        )
+        k["denominators"][cfg(n_cells, tv)](*args["denominators"])
+        k["alphas"][cfg(B, dp)](*args["alphas"])
         if need_grad:
-            k["betas"][cfg(B, dp)](lba, lya, tla, ula, T, U1, ba)
-            c = -1.0 if clamp is None else float(clamp)
-            k["gradient"][cfg(n_cells, tv)](
-                xa, kind, p2a, arr(grad), okind, tga, tla, ula, blank, T, U1, V,
-                lsea, lba, lya, aa, ba, lla, float(fastemit_lambda), c,
-            )
+            k["betas"][cfg(B, dp)](*args["betas"])
+            k["gradient"][cfg(n_cells, tv)](*args["gradient"])
     return -(1.0 + fastemit_lambda) * ll, grad
+
+
+def kernel_args(x, grad, targets, logit_lens, target_lens, p2, work, *, kind: int, okind: int, blank: int, T: int,
+                U1: int, V: int, clamp: float | None, fastemit_lambda: float) -> dict[str, tuple]:
+    """The argument tuple of each kernel launch (arrays as given: device arrays, or numpy arrays for typing).
+
+    ``work`` = (lse, lb, ly, alpha, beta, ll). Integers stay Python ints (int64 indices); ``clamp`` and
+    ``fastemit_lambda`` become ``numpy.float32``, so the kernels see fp32 scalars (a Python float would make
+    numba compile the gradient's arithmetic in fp64). One function for the launches and for
+    ``tests/losses`` compiling the same signatures without a GPU.
+    """
+    import numpy as np
+
+    lse, lb, ly, alpha, beta, ll = work
+    return {
+        "denominators": (x, kind, p2, targets, logit_lens, target_lens, blank, T, U1, V, lse, lb, ly),
+        "alphas": (lb, ly, logit_lens, target_lens, T, U1, alpha, ll),
+        "betas": (lb, ly, logit_lens, target_lens, T, U1, beta),
+        "gradient": (
+            x, kind, p2, grad, okind, targets, logit_lens, target_lens, blank, T, U1, V,
+            lse, lb, ly, alpha, beta, ll, np.float32(fastemit_lambda), np.float32(-1.0 if clamp is None else clamp),
+        ),
+    }
 
 
 @functools.lru_cache(maxsize=None)

@@ -220,6 +220,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoding-method", choices=("greedy_search", "modified_beam_search"), default="greedy_search")
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--max-sym-per-frame", type=int, default=1)
+    p.add_argument("--greedy-method", choices=("label_looping", "frame_looping"), default="label_looping",
+                   help="greedy_search by label looping (asrprec.decoding.LabelLoopingGreedy: batched, CUDA graphs on "
+                        "a GPU) or by frame looping (asrprec.decoding.greedy_search); the same results")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="causal Zipformer only (required there): decode in chunks of this many 50 Hz frames "
                         "(simulated streaming), or -1 for full context")

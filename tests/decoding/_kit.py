@@ -82,6 +82,22 @@ def naive_greedy(model, enc: torch.Tensor, max_sym_per_frame: int = 1) -> tuple[
 
 
 @torch.no_grad()
+def naive_greedy_timestamps(model, enc: torch.Tensor, max_sym_per_frame: int = 1) -> tuple[list[int], list[int]]:
+    """Greedy search on one utterance enc (T, D_enc), frame by frame; returns (tokens, the frame of each token)."""
+    blank = model.decoder.blank_id
+    tokens: list[int] = []
+    stamps: list[int] = []
+    for t in range(enc.size(0)):
+        for _ in range(max_sym_per_frame):
+            k = int(_log_probs(model, enc[t], tokens).argmax())
+            if k == blank:
+                break
+            tokens.append(k)
+            stamps.append(t)
+    return tokens, stamps
+
+
+@torch.no_grad()
 def greedy_margin(model, enc: torch.Tensor) -> float:
     """Smallest gap between the best and second-best log-prob along the greedy path (one symbol per frame)."""
     tokens, _ = naive_greedy(model, enc)

@@ -1,0 +1,244 @@
+"""Inference precision and greedy-search benchmark: RTFx and WER of each decoding method under each precision mode,
+on one model and one data set, in one run.
+
+Precision modes (the same weights every time):
+
+* ``fp32``: the model as trained;
+* ``autocast-bf16`` / ``autocast-fp16``: the fp32 model under ``torch.autocast``;
+* ``cast-bf16`` / ``cast-fp16``: the whole model cast (``policy.prepare_for_inference`` of ``bf16`` / ``amp-fp16``),
+  NeMo's choice for inference (NVIDIA/NeMo PR #9198 reports ~15 % higher RTFx than autocast on GPUs).
+
+Methods: ``greedy_search`` (frame-looping), ``label_looping`` (:class:`asrprec.decoding.LabelLoopingGreedy`,
+eager), ``label_looping_graphs`` (the same, captured as CUDA graphs; CUDA only) and ``modified_beam_search``.
+
+Each row: WER (%), RTFx = audio seconds / (encoder + search) seconds, by the wall clock and by this process's CPU
+time (on a shared machine the wall clock also counts the time the process waits for a core; with one thread the
+CPU time is the work itself), and the four times, medians of ``--runs`` timed passes after one warm-up pass, every
+mode x method interleaved pass by pass; features are loaded before timing. With a trained model
+(``--exp-dir``, ``--epoch``, ``--avg``, ``--data-dir``) the WER is real; ``--synthetic`` decodes random features
+with random weights (speed only: the blank logit is shifted so greedy search emits about ``--token-rate`` tokens
+per encoder frame, as a trained model would), for machines without the data.
+
+    python benchmarks/decode.py --exp-dir exp --epoch 10 --avg 3 --data-dir data --split test
+    python benchmarks/decode.py --synthetic --size small --device cuda --modes fp32,cast-bf16,autocast-bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from asrprec.decoding import LabelLoopingGreedy, greedy_search, modified_beam_search
+from asrprec.metrics import compute_wer
+from asrprec.models import build_transducer
+from asrprec.precision import get_policy
+
+MODES = ("fp32", "autocast-bf16", "autocast-fp16", "cast-bf16", "cast-fp16")
+METHODS = ("greedy_search", "label_looping", "label_looping_graphs", "modified_beam_search")
+FRAME_SHIFT_S = 0.01
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--exp-dir", type=Path, help="trained model folder (model.json, epoch-N.pt)")
+    p.add_argument("--epoch", type=int, default=10)
+    p.add_argument("--avg", type=int, default=3)
+    p.add_argument("--data-dir", type=Path, help="prepared data (fbank manifests, bpe.model)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--max-duration", type=float, default=300.0, help="seconds of audio per batch")
+    p.add_argument("--max-utts", type=int, default=0, help="decode only the first N utterances (0 = all)")
+    p.add_argument("--synthetic", action="store_true", help="random weights and random features (speed only)")
+    p.add_argument("--encoder", default="zipformer")
+    p.add_argument("--size", default="tiny", help="--synthetic: model preset")
+    p.add_argument("--vocab", type=int, default=500, help="--synthetic: vocabulary size")
+    p.add_argument("--utts", type=int, default=32, help="--synthetic: utterances (one batch)")
+    p.add_argument("--seconds", type=float, default=8.0, help="--synthetic: longest utterance (others 50-100 %%)")
+    p.add_argument("--token-rate", type=float, default=0.3, help="--synthetic: greedy tokens per encoder frame")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--methods", default="greedy_search,label_looping,label_looping_graphs,modified_beam_search")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--max-sym-per-frame", type=int, default=1)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--out", type=Path, help="append the table (markdown) to this file")
+    return p
+
+
+def _csv(text: str, known: tuple[str, ...], what: str) -> list[str]:
+    items = [x for x in text.split(",") if x]
+    bad = [x for x in items if x not in known]
+    if bad:
+        raise SystemExit(f"unknown {what} {bad}; choose from {', '.join(known)}")
+    return items
+
+
+def load_trained(args) -> tuple[torch.nn.Module, list[dict], object]:
+    from asrprec.checkpoint import load_decoding_weights
+    from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
+    from asrprec.tokenizer import Tokenizer
+
+    if not (args.exp_dir and args.data_dir):
+        raise SystemExit("give --exp-dir and --data-dir (a trained model and its data), or --synthetic")
+    model = build_transducer(**json.loads((args.exp_dir / "model.json").read_text()))
+    print("weights:", load_decoding_weights(model, args.exp_dir, args.epoch, args.avg))
+    cuts = load_fbank_cuts(args.data_dir)[args.split]
+    if args.max_utts:
+        cuts = cuts.subset(first=args.max_utts)
+    loader = AsrDataModule(DataConfig(max_duration=args.max_duration)).test_dataloader(cuts)
+    batches = [{k: batch[k] for k in ("features", "feature_lens", "texts")} for batch in loader]
+    return model, batches, Tokenizer(args.data_dir / "bpe.model")
+
+
+def make_synthetic(args) -> tuple[torch.nn.Module, list[dict], None]:
+    torch.manual_seed(0)
+    model = build_transducer(encoder=args.encoder, size=args.size, vocab_size=args.vocab).eval()
+    g = torch.Generator().manual_seed(0)
+    frames = int(args.seconds / FRAME_SHIFT_S)
+    lens = torch.linspace(frames // 2, frames, args.utts).long().flip(0)
+    feats = torch.randn(args.utts, frames, 80, generator=g)
+    batches = [{"features": feats, "feature_lens": lens, "texts": None}]
+    _calibrate_blank(model, batches[0], args.token_rate)
+    return model, batches, None
+
+
+@torch.inference_mode()
+def _calibrate_blank(model, batch, rate: float) -> None:
+    """Shift the blank logit (bisection) until greedy search emits about ``rate`` tokens per encoder frame."""
+    enc, lens = model.encode(batch["features"], batch["feature_lens"])
+    bias = model.joiner.output_linear.bias
+    base = bias[model.blank_id].item()
+    lo, hi = -20.0, 20.0
+    for _ in range(14):
+        mid = (lo + hi) / 2
+        bias[model.blank_id] = base + mid
+        got = sum(map(len, greedy_search(model, enc, lens))) / float(lens.sum())
+        lo, hi = (mid, hi) if got > rate else (lo, mid)
+    bias[model.blank_id] = base + (lo + hi) / 2
+
+
+def variant(model, mode: str, device: str):
+    """(model, autocast context factory) for a precision mode."""
+    if mode.startswith("cast-"):
+        policy = get_policy("bf16" if mode == "cast-bf16" else "amp-fp16", device)
+        return policy.prepare_for_inference(copy.deepcopy(model)), lambda: torch.autocast(device, enabled=False)
+    m = get_policy("fp32", device).prepare_for_inference(copy.deepcopy(model))
+    if mode == "fp32":
+        return m, lambda: torch.autocast(device, enabled=False)
+    dtype = torch.bfloat16 if mode == "autocast-bf16" else torch.float16
+    return m, lambda: torch.autocast(device, dtype=dtype)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def searcher(model, method: str, args):
+    if method == "greedy_search":
+        return lambda enc, lens: greedy_search(model, enc, lens, max_sym_per_frame=args.max_sym_per_frame)
+    if method == "modified_beam_search":
+        return lambda enc, lens: modified_beam_search(model, enc, lens, beam=args.beam)
+    graphs = method == "label_looping_graphs"
+    return LabelLoopingGreedy(model, args.max_sym_per_frame, use_cuda_graphs=graphs)
+
+
+@torch.inference_mode()
+def run_all(setups: dict, batches, device: str, runs: int) -> dict:
+    """Decode every batch with each setup ``(model, autocast, search)`` ``runs + 1`` times, all setups interleaved
+    pass by pass (so a shared machine's load changes hit them alike; the first pass warms up). Per setup: hyps and
+    the medians of encoder and search wall seconds and encoder and search CPU seconds (this process)."""
+    times = {key: ([], [], [], []) for key in setups}
+    hyps = {}
+    for run in range(runs + 1):
+        for key, (model, autocast, search) in setups.items():
+            te = ts = ce = cs = 0.0
+            out = []
+            for batch in batches:
+                feats, lens = batch["features"].to(device), batch["feature_lens"].to(device)
+                with autocast():
+                    _sync(device)
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    enc, enc_lens = model.encode(feats, lens)
+                    _sync(device)
+                    t1, c1 = time.perf_counter(), time.process_time()
+                    out += search(enc, enc_lens)
+                    _sync(device)
+                    t2, c2 = time.perf_counter(), time.process_time()
+                te, ts, ce, cs = te + t1 - t0, ts + t2 - t1, ce + c1 - c0, cs + c2 - c1
+            hyps[key] = out
+            if run:
+                for acc, v in zip(times[key], (te, ts, ce, cs)):
+                    acc.append(v)
+    return {key: (hyps[key], *(statistics.median(a) for a in times[key])) for key in setups}
+
+
+def main(argv=None) -> str:
+    args = get_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    modes = _csv(args.modes, MODES, "modes")
+    methods = _csv(args.methods, METHODS, "methods")
+    if "label_looping_graphs" in methods and not args.device.startswith("cuda"):
+        methods.remove("label_looping_graphs")  # CUDA graphs exist only on CUDA devices
+    model, batches, tokenizer = make_synthetic(args) if args.synthetic else load_trained(args)
+    audio = sum(float(b["feature_lens"].sum()) for b in batches) * FRAME_SHIFT_S
+    refs = [t.split() for b in batches for t in (b["texts"] or [])]
+    n_utts = sum(len(b["feature_lens"]) for b in batches)
+    lines = ["| mode | method | WER % | RTFx (wall) | RTFx (CPU) | encoder s | search s | encoder CPU s | search CPU s "
+             "| tokens | same as greedy_search |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    setups = {}
+    for mode in modes:
+        m, autocast = variant(model, mode, args.device)
+        for method in methods:
+            setups[mode, method] = (m, autocast, searcher(m, method, args))
+    results = run_all(setups, batches, args.device, args.runs)
+    for (mode, method), (hyps, te, ts, ce, cs) in results.items():
+        same = "-"
+        if method.startswith("label_looping") and (mode, "greedy_search") in results:
+            differ = sum(a != b for a, b in zip(hyps, results[mode, "greedy_search"][0]))
+            same = "yes" if differ == 0 else f"no: {differ} of {len(hyps)} utterances differ"
+        wer = "-"
+        if tokenizer is not None:
+            wer = f"{compute_wer(refs, [tokenizer.decode(h).split() for h in hyps]).wer_percent:.2f}"
+        row = (f"| {mode} | {method} | {wer} | {audio / (te + ts):.1f} | {audio / (ce + cs):.1f} | {te:.2f} | "
+               f"{ts:.2f} | {ce:.2f} | {cs:.2f} | {sum(map(len, hyps))} | {same} |")
+        lines.append(row)
+        print(row, flush=True)
+    source = (f"synthetic: random {args.encoder} {args.size}, V={args.vocab}, {n_utts} utterances x <= {args.seconds} s, "
+              f"blank shifted for {args.token_rate} tokens/frame" if args.synthetic else
+              f"{args.exp_dir} epoch {args.epoch} avg {args.avg}, {args.split}: {n_utts} utterances")
+    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else _cpu_name()
+    header = (f"\n### Decoding: precision modes x methods ({device}, {torch.get_num_threads()} threads, torch "
+              f"{torch.__version__}, {datetime.date.today()})\n\n{source}; {audio:.0f} s of audio; beam {args.beam}, "
+              f"max_sym_per_frame {args.max_sym_per_frame}; median of {args.runs} runs after a warm-up.\n")
+    table = header + "\n" + "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(table)
+    return table
+
+
+if __name__ == "__main__":
+    main()
