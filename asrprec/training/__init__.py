@@ -1,7 +1,16 @@
-"""The training loop (plain functions), its typed config, and rank helpers for DDP."""
+"""The training loop (plain functions), its typed config, and distributed training through torchrun."""
 
 from .config import TrainConfig
-from .distributed import get_rank, get_world_size, is_main_process, unwrap
+from .distributed import (
+    DistributedEnv,
+    RankFailedError,
+    get_rank,
+    get_world_size,
+    is_main_process,
+    setup_distributed,
+    teardown_distributed,
+    unwrap,
+)
 from .loop import (
     TrainState,
     build_optimizer,
@@ -14,6 +23,7 @@ from .loop import (
 )
 
 __all__ = [
-    "TrainConfig", "TrainState", "build_optimizer", "build_scheduler", "compute_loss", "get_rank",
-    "get_world_size", "is_main_process", "pad_targets", "seed_everything", "train", "unwrap", "validate",
+    "DistributedEnv", "RankFailedError", "TrainConfig", "TrainState", "build_optimizer", "build_scheduler",
+    "compute_loss", "get_rank", "get_world_size", "is_main_process", "pad_targets", "seed_everything",
+    "setup_distributed", "teardown_distributed", "train", "unwrap", "validate",
 ]

@@ -2,8 +2,16 @@
 a scaler (a no-op unless ``amp-fp16``) and an optimizer wrapper (fp32 master weights under ``bf16``).
 
 Plain functions: :func:`train` (epochs, resume, checkpoints), :func:`train_one_epoch`,
-:func:`compute_loss`, :func:`validate`. Rank-aware (only rank 0 logs and saves) so DDP through
-torchrun slots in without rewriting.
+:func:`compute_loss`, :func:`validate`. Under torchrun (after
+:func:`~asrprec.training.distributed.setup_distributed`) the same loop trains data-parallel: the model is
+wrapped in DDP with summed gradients, every rank reads its own shard, the ranks agree each step on whether
+to go on, skip or stop (:mod:`asrprec.training.distributed`), validation and the logged losses are summed
+over ranks, and only rank 0 writes checkpoints, tensorboard and the running average.
+
+Schedules count data, not steps (:func:`schedule_batches_per_step`): Eden's batch index, the transducer's
+warm-ups and the encoder's schedules see ``adjusted_batch_count``, which grows by
+``world_size × max_duration / ref_duration`` per optimizer step (icefall's ``get_adjusted_batch_count``), so
+a run on more GPUs follows the same schedule per hour of audio.
 """
 
 from __future__ import annotations
@@ -25,7 +33,22 @@ from asrprec.models.builders import set_batch_count
 from asrprec.precision import PrecisionPolicy, effective_dtypes
 
 from .config import TrainConfig
-from .distributed import all_reduce_sum, get_rank, get_world_size, is_main_process, unwrap
+from .distributed import (
+    RankFailedError,
+    all_reduce_sum,
+    barrier,
+    check_sharded,
+    describe,
+    flags_by_rank,
+    get_rank,
+    get_world_size,
+    is_main_process,
+    raise_failure,
+    raise_if_any_failed,
+    sum_over_ranks,
+    unwrap,
+    wrap_model,
+)
 from .oom import (
     describe_batch,
     is_out_of_memory,
@@ -43,6 +66,8 @@ log = logging.getLogger("asrprec.train")
 class TrainState:
     epoch: int = 1
     batch_idx_train: int = 0
+    # the batch count the schedules see (see schedule_batches_per_step); = batch_idx_train for one process
+    adjusted_batch_count: float = 0.0
     best_valid_loss: float = math.inf
     best_valid_epoch: int = -1
     history: list[dict[str, float]] = field(default_factory=list)
@@ -119,7 +144,9 @@ def peak_memory_mb(device: torch.device) -> float:
 
 @torch.no_grad()
 def validate(model: nn.Module, loader: Iterable, tokenizer, policy: PrecisionPolicy) -> float:
-    """Per-frame validation loss (summed over ranks)."""
+    """Per-frame validation loss: each rank's loader (its shard) through the bare model (a DDP forward would
+    synchronise buffers, and ranks may hold different numbers of batches), sums over ranks."""
+    model = unwrap(model)
     was_training = model.training
     model.eval()
     tot = torch.zeros(2, dtype=torch.float64)
@@ -129,6 +156,66 @@ def validate(model: nn.Module, loader: Iterable, tokenizer, policy: PrecisionPol
     tot = all_reduce_sum(tot)
     model.train(was_training)
     return float(tot[0] / max(tot[1], 1.0))
+
+
+def schedule_batches_per_step(cfg: TrainConfig, train_dl: Any) -> float:
+    """How far the schedules' batch count moves per optimizer step: ``world_size × max_duration /
+    ref_duration`` (k2-fsa/icefall ``egs/librispeech/ASR/zipformer/train.py``, ``get_adjusted_batch_count``),
+    with ``max_duration`` the training sampler's per-rank value. ``ref_duration=0`` takes this run's
+    ``max_duration``: each step then counts ``world_size`` batches, and a single process counts its steps."""
+    world = get_world_size()
+    if not cfg.ref_duration:
+        return float(world)
+    max_duration = sampler_max_duration(getattr(train_dl, "sampler", None))
+    if max_duration is None:
+        raise ValueError(f"ref_duration={cfg.ref_duration:g} needs the training sampler's max_duration, and this "
+                         "loader's sampler has none (a lhotse sampler has). Fix: use a lhotse sampler, or "
+                         "ref_duration=0 to count batches")
+    return world * max_duration / cfg.ref_duration
+
+
+def set_schedule_counts(model: nn.Module, scheduler, batch_count: float, cfg: TrainConfig) -> None:
+    """Tell Eden, the model's warm-ups and (× ``encoder_schedule_scale``) the encoder's schedules where
+    training is, in adjusted batches."""
+    set_batch_count(model, batch_count)
+    if cfg.encoder_schedule_scale != 1.0 and hasattr(model, "encoder"):
+        set_batch_count(model.encoder, batch_count * cfg.encoder_schedule_scale)
+    scheduler.step_batch(batch_count)
+
+
+def batches_on_every_rank(loader: Iterable) -> Iterable:
+    """The loader's batches while every rank still has one (one all-reduce per batch under DDP): a rank
+    whose shard ran out stops the epoch for all, instead of leaving the others in a gradient all-reduce.
+    lhotse's samplers give all ranks the same number of batches; other loaders need not."""
+    it = iter(loader)
+    while True:
+        batch = next(it, None)
+        if get_world_size() == 1:
+            if batch is None:
+                return
+        else:
+            empty = flags_by_rank(batch is None)[0]
+            if empty:
+                if batch is not None:
+                    log.warning("rank(s) %s ran out of batches first: this epoch ends here on every rank", empty)
+                return
+        yield batch
+
+
+def forward_on_every_rank(model: nn.Module, batch: dict[str, Any], tokenizer, policy: PrecisionPolicy,
+                          what: str) -> tuple[torch.Tensor, dict[str, float], list[int]]:
+    """:func:`compute_loss`, then one agreement over ranks before any gradient is exchanged: an error on one
+    rank is raised on all (its own on it, :class:`RankFailedError` quoting it elsewhere). Returns the loss,
+    its statistics and the ranks whose loss is not finite (the step is to be skipped on every rank then)."""
+    error, loss, info = None, None, {"loss": math.nan}
+    try:
+        loss, info = compute_loss(model, batch, tokenizer, policy)
+    except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks know
+        error = e
+    failed, nonfinite = flags_by_rank(error is not None, not math.isfinite(info["loss"]))
+    if failed:
+        raise_failure(error, failed, what)
+    return loss, info, nonfinite
 
 
 def _grad_norm(model: nn.Module) -> float:
@@ -158,7 +245,8 @@ def train_one_epoch(
     tot_loss = tot_frames = 0.0
     t0 = time.time()
     window_frames, window_t = 0.0, time.time()
-    batches = enumerate(train_dl)
+    per_step = schedule_batches_per_step(cfg, train_dl)
+    batches = enumerate(batches_on_every_rank(train_dl))
     if cfg.progress_bar and is_main_process():
         from tqdm import tqdm
 
@@ -167,15 +255,15 @@ def train_one_epoch(
         if cfg.max_batches_per_epoch and batch_idx >= cfg.max_batches_per_epoch:
             break
         state.batch_idx_train += 1
-        set_batch_count(bare, state.batch_idx_train)
-        if cfg.encoder_schedule_scale != 1.0 and hasattr(bare, "encoder"):
-            set_batch_count(bare.encoder, state.batch_idx_train * cfg.encoder_schedule_scale)
-        scheduler.step_batch(state.batch_idx_train)
+        state.adjusted_batch_count += per_step
+        set_schedule_counts(bare, scheduler, state.adjusted_batch_count, cfg)
         try:
-            loss, info = compute_loss(model, batch, tokenizer, policy)
-            if not math.isfinite(info["loss"]):
-                log.warning("non-finite loss %.3g at batch %d (cuts %s...): batch skipped", info["loss"],
-                            state.batch_idx_train, batch.get("cut_ids", [])[:3])
+            loss, info, nonfinite_ranks = forward_on_every_rank(model, batch, tokenizer, policy,
+                                                                f"training batch {state.batch_idx_train}")
+            if nonfinite_ranks:  # skipped on every rank, so that all ranks run the same collectives
+                where = f" on rank(s) {nonfinite_ranks}" if get_world_size() > 1 else ""
+                log.warning("non-finite loss %.3g at batch %d%s (cuts %s...): batch skipped", info["loss"],
+                            state.batch_idx_train, where, batch.get("cut_ids", [])[:3])
                 optimizer.zero_grad(set_to_none=True)
                 continue
             scaler.scale(loss).backward()
@@ -191,7 +279,7 @@ def train_one_epoch(
                 averager.maybe_update(bare, state.batch_idx_train)
         except Exception as e:
             save("bad-model.pt")
-            if is_out_of_memory(e):
+            if is_out_of_memory(e) and not isinstance(e, RankFailedError):
                 rank = f"-rank{get_rank()}" if get_world_size() > 1 else ""
                 path = save_batch(batch, Path(cfg.exp_dir) / f"oom-batch-{state.batch_idx_train}{rank}.pt")
                 if policy.device.type == "cuda":
@@ -204,6 +292,8 @@ def train_one_epoch(
         tot_frames += info["frames"]
         window_frames += batch["features"].shape[0] * batch["features"].shape[1]
         if batch_idx % cfg.log_interval == 0:
+            info = _summed_over_ranks(info)  # the global batch's loss; frames/s of all ranks together
+            window_frames = sum_over_ranks(window_frames)[0]
             now = time.time()
             fps = window_frames / max(now - window_t, 1e-9)
             window_frames, window_t = 0.0, now
@@ -230,7 +320,14 @@ def train_one_epoch(
             if is_main_process():
                 ckpt.keep_last_k(cfg.exp_dir, "checkpoint-*.pt", cfg.keep_last_k)
     elapsed = time.time() - t0
+    tot_loss, tot_frames = sum_over_ranks(tot_loss, tot_frames)
     return {"train_loss": tot_loss / max(tot_frames, 1.0), "epoch_seconds": elapsed}
+
+
+def _summed_over_ranks(info: dict[str, float]) -> dict[str, float]:
+    keys = sorted(k for k in info if k in ("loss", "frames", "utterances", "simple_loss", "pruned_loss",
+                                            "transducer_loss"))
+    return {**info, **dict(zip(keys, sum_over_ranks(*(info[k] for k in keys))))}
 
 
 def _scan_wanted(mode: str, policy: PrecisionPolicy, train_dl: Any) -> bool:
@@ -258,14 +355,25 @@ def train(
     ``train_dl`` is a DataLoader whose sampler may offer ``set_epoch`` and ``state_dict``.
     Checkpoints go to ``cfg.exp_dir`` as ``epoch-N.pt`` (and ``checkpoint-<batch>.pt`` with
     ``save_every_n``); ``--avg`` decoding averages the last N epoch files.
+
+    Under an initialised process group (torchrun + :func:`~asrprec.training.distributed.setup_distributed`)
+    every rank calls this with its own shard in ``train_dl`` / ``valid_dl`` (a lhotse sampler built for
+    another world size is an error); ``policy.device`` is the rank's device. Rank r seeds its random
+    generators (dropout, layer skipping, SpecAugment) with ``cfg.seed + r``; DDP starts every rank from rank
+    0's weights. Returns when every rank is done and rank 0's last checkpoint is on disk.
     """
     exp_dir = Path(cfg.exp_dir)
     exp_dir.mkdir(parents=True, exist_ok=True)
-    seed_everything(cfg.seed)
+    seed_everything(cfg.seed + get_rank())
+    check_sharded(train_dl, "training")
     model = policy.prepare_model(model)
+    # DDP after the cast (it broadcasts and hooks the parameters as they are) and before the optimizer (the
+    # bf16 master weights copy rank 0's broadcast values)
+    model = wrap_model(model, policy.device)
     dtypes = effective_dtypes(model)
     desc = policy.describe()
     log.info("precision: %s", ", ".join(f"{k}={v}" for k, v in desc.items()))
+    log.info("processes: %s", describe())
     log.info("parameter dtypes: %s", ", ".join(f"{k}: {v:,}" for k, v in dtypes.items()))
     optimizer = build_optimizer(model, cfg, policy)
     scheduler = build_scheduler(optimizer, cfg)
@@ -284,7 +392,8 @@ def train(
             exp_dir / name, model=unwrap(model), optimizer=optimizer, scheduler=scheduler, scaler=scaler,
             sampler=sampler, policy=policy, config=full_config, model_avg=averager,
             extra={"epoch": state.epoch, "batch_idx_train": state.batch_idx_train,
-                   "best_valid_loss": state.best_valid_loss, "best_valid_epoch": state.best_valid_epoch},
+                   "best_valid_loss": state.best_valid_loss, "best_valid_epoch": state.best_valid_epoch,
+                   "adjusted_batch_count": state.adjusted_batch_count, "world_size": get_world_size()},
         )
 
     resume_from = None
@@ -306,6 +415,8 @@ def train(
                             "--use-averaged-model can only average epochs trained from now on", resume_from)
         extra = info.get("extra", {})
         state.batch_idx_train = int(extra.get("batch_idx_train", 0))
+        state.adjusted_batch_count = float(extra.get(
+            "adjusted_batch_count", state.batch_idx_train * schedule_batches_per_step(cfg, train_dl)))
         state.best_valid_loss = float(extra.get("best_valid_loss", math.inf))
         state.best_valid_epoch = int(extra.get("best_valid_epoch", -1))
         if cfg.start_batch > 0:
@@ -314,7 +425,7 @@ def train(
         log.info("resumed from %s at batch %d", resume_from, state.batch_idx_train)
 
     if _scan_wanted(cfg.scan_oom, policy, train_dl):
-        scan_pessimistic_batches(model, train_dl, tokenizer, policy, encoder_schedule_scale=cfg.encoder_schedule_scale)
+        _scan_on_every_rank(model, train_dl, tokenizer, policy, cfg)
     with SummaryWriterOrNull(exp_dir / "tensorboard", enabled=cfg.tensorboard and is_main_process()) as writer:
         writer.add_text("precision", "\n".join(f"{k}: {v}" for k, v in {**desc, **dtypes}.items()), 0)
         for epoch in range(state.epoch, cfg.num_epochs + 1):
@@ -339,4 +450,17 @@ def train(
             log.info("epoch %d done in %.1f s: train loss %.4f, valid loss %.4f (per frame), peak memory %.0f MB",
                      epoch, stats["epoch_seconds"], stats["train_loss"], stats["valid_loss"], stats["peak_memory_mb"])
             save(f"epoch-{epoch}.pt")
+    barrier()  # rank 0's last checkpoint is written before any rank returns (and may resume from it)
     return state
+
+
+def _scan_on_every_rank(model: nn.Module, train_dl, tokenizer, policy: PrecisionPolicy, cfg: TrainConfig) -> None:
+    """The OOM scan of each rank's riskiest batches, through the bare model (no gradient all-reduce: ranks
+    may try different numbers of batches); a rank whose batch does not fit stops every rank with its message."""
+    error = None
+    try:
+        scan_pessimistic_batches(unwrap(model), train_dl, tokenizer, policy,
+                                 encoder_schedule_scale=cfg.encoder_schedule_scale)
+    except Exception as e:  # noqa: BLE001 - re-raised by raise_if_any_failed
+        error = e
+    raise_if_any_failed(error, "the out-of-memory scan of the riskiest batches")

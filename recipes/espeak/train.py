@@ -18,7 +18,7 @@ from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.models import LossConfig, build_transducer, count_parameters, resolved_encoder_overrides
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
-from asrprec.training import seed_everything, train
+from asrprec.training import is_main_process, seed_everything, setup_distributed, train
 from asrprec.training.cli import (
     add_model_args, add_precision_args, add_training_args, encoder_overrides_from_args, resolve_device, setup_logging,
     train_config_from_args,
@@ -64,6 +64,7 @@ def get_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = get_parser().parse_args()
+    setup_distributed(args.device)  # under torchrun: join the process group on this rank's device; else nothing
     exp_dir = Path(args.exp_dir)
     exp_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(str(exp_dir / "train.log"))
@@ -90,11 +91,13 @@ def main() -> None:
                     "encoder_overrides": resolved_encoder_overrides(model),
                     "loss": {"loss": args.loss, "joint_mode": args.joint_mode, "backend": args.loss_backend,
                              "prune_range": args.prune_range}}
-    (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
-    print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
+    if is_main_process():
+        (exp_dir / "model.json").write_text(json.dumps(model_config, indent=1))
+        print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
     state = train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
                   valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, config_for_checkpoint={"model": model_config})
-    (exp_dir / "history.json").write_text(json.dumps(state.history, indent=1))
+    if is_main_process():
+        (exp_dir / "history.json").write_text(json.dumps(state.history, indent=1))
 
 
 if __name__ == "__main__":
