@@ -250,8 +250,9 @@ def barrier() -> None:
             dist.barrier()
 
 
-def _sum_in_fp32_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: sum (not average) the bucket over ranks; fp16/bf16 buckets are summed in fp32."""
+def _sum_in_fp32_hook(group, bucket):  # no annotations: DDP checks them against its own, not strings
+    """DDP communication hook (``dist.GradBucket`` -> ``Future[Tensor]``): sum (not average) the bucket over
+    ranks; fp16/bf16 buckets are summed in fp32."""
     buf = bucket.buffer()
     wide = buf.float() if buf.dtype in (torch.float16, torch.bfloat16) else buf
     fut = dist.all_reduce(wide, group=group, async_op=True).get_future()

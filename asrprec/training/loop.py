@@ -261,9 +261,13 @@ def train_one_epoch(
             loss, info, nonfinite_ranks = forward_on_every_rank(model, batch, tokenizer, policy,
                                                                 f"training batch {state.batch_idx_train}")
             if nonfinite_ranks:  # skipped on every rank, so that all ranks run the same collectives
-                where = f" on rank(s) {nonfinite_ranks}" if get_world_size() > 1 else ""
-                log.warning("non-finite loss %.3g at batch %d%s (cuts %s...): batch skipped", info["loss"],
-                            state.batch_idx_train, where, batch.get("cut_ids", [])[:3])
+                if math.isfinite(info["loss"]):
+                    log.warning("batch %d skipped on every rank: non-finite loss on rank(s) %s",
+                                state.batch_idx_train, nonfinite_ranks)
+                else:
+                    where = f" on rank {get_rank()} (skipped on every rank)" if get_world_size() > 1 else ""
+                    log.warning("non-finite loss %.3g at batch %d%s (cuts %s...): batch skipped", info["loss"],
+                                state.batch_idx_train, where, batch.get("cut_ids", [])[:3])
                 optimizer.zero_grad(set_to_none=True)
                 continue
             scaler.scale(loss).backward()
