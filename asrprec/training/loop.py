@@ -371,6 +371,10 @@ def train(
     seed_everything(cfg.seed + get_rank())
     check_sharded(train_dl, "training")
     model = policy.prepare_model(model)
+    if _scan_wanted(cfg.scan_oom, policy, train_dl):
+        # before DDP: a backward pass through the bare model of a DDP wrapper leaves DDP's record of the
+        # parameters used in the step wrong, and its first step then fails
+        _scan_on_every_rank(model, train_dl, tokenizer, policy, cfg)
     # DDP after the cast (it broadcasts and hooks the parameters as they are) and before the optimizer (the
     # bf16 master weights copy rank 0's broadcast values)
     model = wrap_model(model, policy.device)
@@ -428,8 +432,6 @@ def train(
             sampler_state = info.get("sampler")
         log.info("resumed from %s at batch %d", resume_from, state.batch_idx_train)
 
-    if _scan_wanted(cfg.scan_oom, policy, train_dl):
-        _scan_on_every_rank(model, train_dl, tokenizer, policy, cfg)
     with SummaryWriterOrNull(exp_dir / "tensorboard", enabled=cfg.tensorboard and is_main_process()) as writer:
         writer.add_text("precision", "\n".join(f"{k}: {v}" for k, v in {**desc, **dtypes}.items()), 0)
         for epoch in range(state.epoch, cfg.num_epochs + 1):
@@ -459,11 +461,12 @@ def train(
 
 
 def _scan_on_every_rank(model: nn.Module, train_dl, tokenizer, policy: PrecisionPolicy, cfg: TrainConfig) -> None:
-    """The OOM scan of each rank's riskiest batches, through the bare model (no gradient all-reduce: ranks
-    may try different numbers of batches); a rank whose batch does not fit stops every rank with its message."""
+    """The OOM scan of each rank's riskiest batches, on the model before DDP wraps it (no gradient all-reduce:
+    ranks may try different numbers of batches; the memory of DDP's gradient buckets, one more copy of the
+    gradients, is not included); a rank whose batch does not fit stops every rank with its message."""
     error = None
     try:
-        scan_pessimistic_batches(unwrap(model), train_dl, tokenizer, policy,
+        scan_pessimistic_batches(model, train_dl, tokenizer, policy,
                                  encoder_schedule_scale=cfg.encoder_schedule_scale)
     except Exception as e:  # noqa: BLE001 - re-raised by raise_if_any_failed
         error = e

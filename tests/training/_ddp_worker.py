@@ -329,14 +329,20 @@ def _plain_ddp_steps(model: nn.Module, batches: list[dict]) -> str | None:
 
 def sc_zipformer(out: Path, rank: int) -> dict:
     """Layer skipping under DDP: rank 1 never uses the positional projections, rank 0 skips them and other
-    layers at random (the early schedules). Controls through torch's DDP without find_unused_parameters: fine
-    with nothing skipped, the "unused parameters" error with the projections skipped."""
+    layers at random (the early schedules), after an OOM scan that used them all. Controls through torch's DDP
+    without find_unused_parameters: fine with nothing skipped, the "unused parameters" error with the
+    projections skipped."""
+    from asrprec.data import AsrDataModule, DataConfig
     from asrprec.training import train
 
     model, forced = _zipformer(1.0 if rank == 1 else None)
+    dm = AsrDataModule(DataConfig(max_duration=2.5, num_buckets=2, spec_augment=False, seed=1))
+    loader = dm.train_dataloader(memory_cuts(10, seed=1))
+    st = train(model=model, policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=loader,
+               valid_dl=dm.valid_dataloader(memory_cuts(2, seed=2)),
+               cfg=train_cfg(out / "zipformer", num_epochs=1, optimizer="scaled_adam", scan_oom="on",
+                             max_batches_per_epoch=2))
     batches = shard(make_batches(4, frames=40), rank)
-    st = train(model=model, policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=batches,
-               valid_dl=batches[:1], cfg=train_cfg(out / "zipformer", num_epochs=1, optimizer="scaled_adam"))
     torch.save(params(model), out / f"zipformer-rank{rank}.pt")
     return {"forced": forced, "steps": st.batch_idx_train, "train_loss": st.history[-1]["train_loss"],
             "plain_ddp_nothing_skipped": _plain_ddp_steps(_zipformer(0.0)[0], batches),

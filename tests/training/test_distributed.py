@@ -326,3 +326,40 @@ def test_an_explicit_gpu_index_under_torchrun_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="each process uses the GPU of its LOCAL_RANK"):
         rank_device("cuda:0")
     assert rank_device("cpu") == torch.device("cpu")
+
+
+# -- the embedded recipe ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_espeak_recipe_trains_and_decodes_under_torchrun(tmp_path):
+    """``torchrun --nproc_per_node 2 recipes/espeak/train.py`` on a tiny corpus, then a (single-process) decode."""
+    pytest.importorskip("espeakng_loader", reason="pip install 'asrprec[synth]'")
+    recipe, data, exp = ROOT / "recipes" / "espeak", tmp_path / "data", tmp_path / "exp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+    def run(*cmd):
+        p = subprocess.run([sys.executable, *map(str, cmd)], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=1800)
+        assert p.returncode == 0, f"{cmd[:3]} failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+        return p.stdout + p.stderr
+
+    run(recipe / "prepare.py", "--data-dir", data, "--num-train", 40, "--num-dev", 8, "--num-test", 8,
+        "--vocab-size", 40)
+    run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", 2, recipe / "train.py", "--data-dir", data,
+        "--exp-dir", exp, "--num-epochs", 2, "--max-batches-per-epoch", 3, "--max-duration", 10, "--no-progress-bar",
+        "--scan-oom", "on", "--average-period", 1)
+    log = (exp / "train.log").read_text()
+    assert "processes: rank 0 of 2 (local rank 0), backend gloo" in log and "[rank 1]" not in log
+    assert "OOM scan: single_longest_cut" in log
+    ck = torch.load(exp / "epoch-2.pt", weights_only=True)
+    assert ck["extra"]["world_size"] == 2 and ck["extra"]["batch_idx_train"] == 6
+    assert ck["extra"]["adjusted_batch_count"] == 12.0  # 2 ranks x 6 steps (ref-duration = max-duration)
+    assert ck["model_avg"]["count"] == 6
+    written = {p.name for p in exp.iterdir()}
+    assert {"epoch-1.pt", "epoch-2.pt", "model.json", "history.json", "train.log", "tensorboard"} == written
+    out = run(recipe / "decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--avg", 2, "--splits", "test")
+    assert "test: WER" in out
+    out = run(recipe / "decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--avg", 1,
+              "--use-averaged-model", "--splits", "test")
+    assert "test: WER" in out
