@@ -9,8 +9,9 @@ Launch with torchrun, which starts one process per device and sets ``RANK``, ``L
 A recipe calls :func:`setup_distributed` once, before it builds its data loaders; under torchrun it joins the
 process group (NCCL on CUDA, gloo on CPU) and pins this process to ``cuda:LOCAL_RANK``; under a plain
 ``python train.py`` it does nothing and the run stays single-process. :func:`asrprec.training.train` then
-wraps the model (:func:`wrap_model`), shards nothing itself (the lhotse samplers take ``rank`` and
-``world_size``; :class:`asrprec.data.AsrDataModule` passes them) and keeps the ranks in lockstep:
+wraps the model (:func:`wrap_model`), checks that the training loader is this rank's shard (the lhotse
+samplers take ``rank`` and ``world_size``; :class:`asrprec.data.AsrDataModule` passes them) and keeps the
+ranks in lockstep:
 
 * **gradients are summed over ranks**, not averaged (DDP's default). Each rank's loss is a sum over its
   utterances, so the summed gradient is the gradient of the loss summed over the global batch: N ranks take
@@ -19,7 +20,8 @@ wraps the model (:func:`wrap_model`), shards nothing itself (the lhotse samplers
   ``grad_clip`` is not.) bf16/fp16 gradient buckets are summed in fp32 and rounded once.
 * ``find_unused_parameters=True``: the Zipformer skips layers and the positional projection at random, so some
   parameters get no gradient in some steps, on some ranks only (icefall does the same,
-  k2-fsa/icefall ``egs/librispeech/ASR/zipformer/train.py``).
+  k2-fsa/icefall ``egs/librispeech/ASR/zipformer/train.py``); with the full loss the transducer's "simple"
+  projections get none at all. A parameter no rank used keeps no gradient; one some rank used gets the sum.
 * decisions that change the number of collective calls are taken together: :func:`flags_by_rank` (one small
   all-reduce) tells every rank which ranks have no batch left, failed in the forward pass, or got a non-finite
   loss, so all ranks stop, raise or skip the step together and none waits forever in an all-reduce the others
@@ -30,7 +32,6 @@ wraps the model (:func:`wrap_model`), shards nothing itself (the lhotse samplers
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -39,8 +40,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-
-log = logging.getLogger("asrprec.train")
 
 _TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

@@ -1,6 +1,6 @@
 """Scenarios run under ``torchrun --nproc_per_node 2`` (gloo, CPU) by tests/training/test_distributed.py.
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 _ddp_worker.py OUT_DIR SCENARIO [SCENARIO...]
+    python -m torch.distributed.run --standalone --nproc_per_node 2 _ddp_worker.py OUT_DIR [--cuda] SCENARIO...
 
 Each scenario runs on both ranks in the same process group, one after the other, and writes what it observed to
 ``OUT_DIR/<scenario>-rank<r>.json`` (and ``.pt`` files of parameters or gradients); the test process compares
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
 import traceback
@@ -27,6 +26,7 @@ from asrprec.precision import get_policy
 
 WORLD = 2
 FRAMES = 30
+DEVICE = "cpu"  # this rank's device; cuda:LOCAL_RANK (NCCL) with --cuda
 TEXTS = ["abc", "de", "ea", "bcd", "a", "ed", "cab", "dd"]
 
 
@@ -171,7 +171,7 @@ class Recording:
 def params(model: nn.Module) -> dict[str, torch.Tensor]:
     from asrprec.training import unwrap
 
-    return {k: v.detach().float().clone() for k, v in unwrap(model).state_dict().items()}
+    return {k: v.detach().float().cpu().clone() for k, v in unwrap(model).state_dict().items()}
 
 
 def _error(e: BaseException) -> dict:
@@ -190,7 +190,7 @@ def sc_steps(out: Path, rank: int) -> dict:
     for opt in ("adamw", "scaled_adam"):
         for steps in (1, 2):
             model = make_model()
-            st = train(model=model, policy=get_policy("fp32", "cpu"), tokenizer=Tok(),
+            st = train(model=model, policy=get_policy("fp32", DEVICE), tokenizer=Tok(),
                        train_dl=Loader(shard(make_batches(2 * steps), rank), 1.0),
                        valid_dl=shard(make_batches(2, 1), rank),
                        cfg=train_cfg(out / f"steps-{opt}-{steps}", num_epochs=1, optimizer=opt, ref_duration=1.0))
@@ -205,11 +205,11 @@ def sc_grads(out: Path, rank: int) -> dict:
     from asrprec.training.distributed import wrap_model
 
     for name in ("fp32", "bf16"):
-        policy = get_policy(name, "cpu")
+        policy = get_policy(name, DEVICE)
         ddp = wrap_model(policy.prepare_model(make_model()), policy.device)
         loss, _ = compute_loss(ddp, shard(make_batches(2), rank)[0], Tok(), policy)
         loss.backward()
-        torch.save({k: p.grad.double() for k, p in ddp.module.named_parameters() if p.grad is not None},
+        torch.save({k: p.grad.double().cpu() for k, p in ddp.module.named_parameters() if p.grad is not None},
                    out / f"grads-{name}-rank{rank}.pt")
     return {}
 
@@ -226,12 +226,12 @@ def sc_shards(out: Path, rank: int) -> dict:
     epoch_ids = [c for b in train_dl for c in b["cut_ids"]]
     valid_ids = [c for b in valid_dl for c in b["cut_ids"]]
     rec = Recording(train_dl)
-    train(model=make_model(), policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=rec, valid_dl=valid_dl,
+    train(model=make_model(), policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=rec, valid_dl=valid_dl,
           cfg=train_cfg(out / "shards", num_epochs=1, scan_oom="on"))
     # a loader built for one process would feed every rank the whole data set: refused
     single = AsrDataModule(DataConfig(max_duration=4.0, num_buckets=2, spec_augment=False), rank=0, world_size=1)
     try:
-        train(model=make_model(), policy=get_policy("fp32", "cpu"), tokenizer=Tok(),
+        train(model=make_model(), policy=get_policy("fp32", DEVICE), tokenizer=Tok(),
               train_dl=single.train_dataloader(cuts), valid_dl=valid_dl, cfg=train_cfg(out / "unsharded"))
         unsharded = None
     except ValueError as e:
@@ -245,7 +245,7 @@ def sc_files(out: Path, rank: int) -> dict:
     from asrprec.training import train
 
     exp = out / f"files-rank{rank}"
-    train(model=make_model(), policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=shard(make_batches(4), rank),
+    train(model=make_model(), policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=shard(make_batches(4), rank),
           valid_dl=shard(make_batches(2, 1), rank),
           cfg=train_cfg(exp, num_epochs=2, tensorboard=True, average_period=1, save_every_n=1, keep_last_k=2,
                         valid_interval=1))
@@ -259,12 +259,12 @@ def sc_resume(out: Path, rank: int) -> dict:
     a, b = out / "resume-a", out / "resume-b"
     data, valid = shard(make_batches(6), rank), shard(make_batches(2, 1), rank)
     full = make_model()
-    sa = train(model=full, policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=data, valid_dl=valid,
+    sa = train(model=full, policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=data, valid_dl=valid,
                cfg=train_cfg(a, num_epochs=3, encoder_schedule_scale=10.0))
-    train(model=make_model(), policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=data, valid_dl=valid,
+    train(model=make_model(), policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=data, valid_dl=valid,
           cfg=train_cfg(b, num_epochs=2, encoder_schedule_scale=10.0))
     resumed = make_model()
-    sb = train(model=resumed, policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=data, valid_dl=valid,
+    sb = train(model=resumed, policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=data, valid_dl=valid,
                cfg=train_cfg(b, num_epochs=3, start_epoch=3, encoder_schedule_scale=10.0))
     torch.save(params(full), out / f"resume-full-rank{rank}.pt")
     torch.save(params(resumed), out / f"resume-resumed-rank{rank}.pt")
@@ -281,7 +281,7 @@ def sc_precisions(out: Path, rank: int) -> dict:
     res = {}
     for name in ("amp-bf16", "bf16", "amp-fp16"):
         try:
-            policy = get_policy(name, "cpu")
+            policy = get_policy(name, DEVICE)
         except UnsupportedPrecisionError as e:
             res[name] = {"unsupported": str(e)}
             continue
@@ -317,10 +317,12 @@ def _plain_ddp_steps(model: nn.Module, batches: list[dict]) -> str | None:
     """Two steps through torch's DDP without find_unused_parameters; the error text, or None."""
     from asrprec.training import compute_loss
 
-    ddp = nn.parallel.DistributedDataParallel(model)
+    device = torch.device(DEVICE)
+    ddp = nn.parallel.DistributedDataParallel(model.to(device),
+                                              device_ids=[device.index] if device.type == "cuda" else None)
     try:
         for b in batches[:2]:
-            loss, _ = compute_loss(ddp, b, Tok(), get_policy("fp32", "cpu"))
+            loss, _ = compute_loss(ddp, b, Tok(), get_policy("fp32", DEVICE))
             loss.backward()
     except RuntimeError as e:
         return str(e)
@@ -338,7 +340,7 @@ def sc_zipformer(out: Path, rank: int) -> dict:
     model, forced = _zipformer(1.0 if rank == 1 else None)
     dm = AsrDataModule(DataConfig(max_duration=2.5, num_buckets=2, spec_augment=False, seed=1))
     loader = dm.train_dataloader(memory_cuts(10, seed=1))
-    st = train(model=model, policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=loader,
+    st = train(model=model, policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=loader,
                valid_dl=dm.valid_dataloader(memory_cuts(2, seed=2)),
                cfg=train_cfg(out / "zipformer", num_epochs=1, optimizer="scaled_adam", scan_oom="on",
                              max_batches_per_epoch=2))
@@ -369,7 +371,7 @@ def sc_nonfinite(out: Path, rank: int) -> dict:
     if rank == 1:
         data[1]["features"][0, 0, 0] = float("nan")
     model = make_model()
-    st = train(model=model, policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=Loader(data, 1.0),
+    st = train(model=model, policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=Loader(data, 1.0),
                valid_dl=shard(make_batches(2, 1), rank), cfg=train_cfg(out / "nonfinite", num_epochs=1,
                                                                         ref_duration=1.0))
     torch.save(params(model), out / f"nonfinite-rank{rank}.pt")
@@ -386,7 +388,7 @@ def sc_forward_oom(out: Path, rank: int) -> dict:
         enc.fail_at = 2
     exp = out / "forward_oom"
     try:
-        train(model=make_model(enc), policy=get_policy("fp32", "cpu"), tokenizer=Tok(),
+        train(model=make_model(enc), policy=get_policy("fp32", DEVICE), tokenizer=Tok(),
               train_dl=shard(make_batches(6), rank), valid_dl=shard(make_batches(2, 1), rank),
               cfg=train_cfg(exp, num_epochs=1))
         return {"error": None}
@@ -403,7 +405,7 @@ def sc_collapse(out: Path, rank: int) -> dict:
     res = {}
     for name, kw in (("amp-fp16", {"init_scale": 1.0, "abort_floor": 0.3}), ("fp32", {"max_consecutive_skips": 2})):
         try:
-            policy = get_policy(name, "cpu", **kw)
+            policy = get_policy(name, DEVICE, **kw)
         except UnsupportedPrecisionError as e:
             res[name] = {"unsupported": str(e)}
             continue
@@ -438,7 +440,7 @@ def sc_backward_oom(out: Path, rank: int) -> dict:
 
     model = make_model(Enc())
     (out / f"backward_oom-started-rank{rank}").write_text(str(time.time()))
-    train(model=model, policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=shard(make_batches(6), rank),
+    train(model=model, policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=shard(make_batches(6), rank),
           valid_dl=shard(make_batches(2, 1), rank), cfg=train_cfg(out / "backward_oom", num_epochs=1))
     return {"finished": True}
 
@@ -449,12 +451,16 @@ SCENARIOS = {k[3:]: v for k, v in dict(globals()).items() if k.startswith("sc_")
 def main() -> None:
     from asrprec.training import get_rank, setup_distributed
 
+    global DEVICE
     out, names = Path(sys.argv[1]), sys.argv[2:]
+    cuda = "--cuda" in names
+    names = [n for n in names if n != "--cuda"]
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
     # a bounded wait: a rank left alone in a collective fails the test instead of hanging it
-    env = setup_distributed("cpu", timeout=timedelta(seconds=90))
-    assert env.world_size == WORLD and env.backend == "gloo", env
+    env = setup_distributed("cuda" if cuda else "cpu", timeout=timedelta(seconds=90))
+    assert env.world_size == WORLD and env.backend == ("nccl" if cuda else "gloo"), env
+    DEVICE = str(env.device)
     rank = get_rank()
     for name in names:
         t0 = time.process_time()

@@ -328,6 +328,32 @@ def test_an_explicit_gpu_index_under_torchrun_is_refused(monkeypatch):
     assert rank_device("cpu") == torch.device("cpu")
 
 
+@pytest.mark.gpu
+def test_nccl_ranks_on_two_gpus(tmp_path):
+    """The same scenarios with NCCL, one GPU per rank (cuda:LOCAL_RANK): replicas stay identical under every
+    policy (amp-fp16's GradScaler included), skips and stops are agreed, nothing hangs."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (NCCL refuses two ranks on one GPU)")
+    names = ("steps", "grads", "resume", "precisions", "zipformer", "nonfinite", "forward_oom", "collapse")
+    p = torchrun(tmp_path, "--cuda", *names)
+    assert p.returncode == 0, p.stderr[-6000:]
+    res = {n: [json.loads((tmp_path / f"{n}-rank{r}.json").read_text()) for r in (0, 1)] for n in names}
+    for n, (r0, r1) in res.items():
+        assert r0["ok"] and r1["ok"], (n, r0.get("traceback"), r1.get("traceback"))
+    for stem in ("steps-adamw-2", "steps-scaled_adam-2", "resume-resumed", "zipformer", "nonfinite",
+                 *(f"prec-{n}" for n in ("amp-bf16", "bf16", "amp-fp16"))):
+        assert_same(load(tmp_path / f"{stem}-rank0.pt"), load(tmp_path / f"{stem}-rank1.pt"))
+    assert_same(load(tmp_path / "resume-resumed-rank0.pt"), load(tmp_path / "resume-full-rank0.pt"))
+    ref = union_gradient_float64()
+    got = load(tmp_path / "grads-fp32-rank0.pt")
+    for k in ref:  # TF32 is off for matmuls by default; cuDNN is not involved in this model
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-3, atol=1e-5 * ref[k].abs().max().item())
+    assert res["forward_oom"][0]["error"]["type"] == "RankFailedError"
+    assert res["forward_oom"][1]["error"]["type"] == "BatchOutOfMemory"
+    for r in res["collapse"]:
+        assert r["amp-fp16"]["error"]["type"] == r["fp32"]["error"]["type"] == "GradScaleCollapse"
+
+
 # -- the embedded recipe ----------------------------------------------------------------------------------------
 
 
