@@ -350,12 +350,24 @@ class AsrDataModule:
     lhotse's own state for use outside :func:`asrprec.training.train`. With ``num_workers > 0`` that state runs
     ahead of training by the prefetched batches, which is why the training loop does not use it: it records the
     batches it consumed and re-creates the position itself (:mod:`asrprec.training.resume`), exactly.
+
+    Under distributed training each rank's samplers serve that rank's shard: ``rank`` and ``world_size``
+    default to the initialised process group's (``asrprec.training.setup_distributed``; rank 0 of 1
+    without one) and are handed to lhotse's samplers explicitly, which give every rank the same number of
+    batches per epoch.
     """
 
-    def __init__(self, config: DataConfig | None = None) -> None:
+    def __init__(self, config: DataConfig | None = None, *, rank: int | None = None,
+                 world_size: int | None = None) -> None:
         require("lhotse")
         self.config = config or DataConfig()
         self.train_sampler: Any | None = None
+        group = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.world_size = world_size if world_size is not None else (
+            torch.distributed.get_world_size() if group else 1)
+        self.rank = rank if rank is not None else (torch.distributed.get_rank() if group else 0)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank {self.rank} of {self.world_size}")
 
     def _spec_augment(self) -> Any:
         from lhotse.dataset import SpecAugment
@@ -380,7 +392,8 @@ class AsrDataModule:
             batch_size=None,  # the sampler yields whole batches (CutSets)
             num_workers=self.config.num_workers,
             persistent_workers=False,
-            worker_init_fn=make_worker_init_fn(seed=seed) if seed is not None else None,
+            worker_init_fn=make_worker_init_fn(seed=seed, rank=self.rank, world_size=self.world_size)
+            if seed is not None else None,
         )
 
     def train_dataloader(self, cuts: Any, sampler_state: dict[str, Any] | None = None) -> torch.utils.data.DataLoader:
@@ -394,6 +407,7 @@ class AsrDataModule:
         sampler = _bucketing_sampler(
             cuts, max_duration=c.max_duration, shuffle=c.shuffle, num_buckets=c.num_buckets, drop_last=c.drop_last,
             seed=c.seed, buffer_size=c.bucketing_buffer_size, shuffle_buffer_size=c.shuffle_buffer_size,
+            rank=self.rank, world_size=self.world_size,
         )
         if sampler_state is not None:
             sampler.load_state_dict(sampler_state)
@@ -417,7 +431,7 @@ class AsrDataModule:
     def _eval_loader(self, cuts: Any, drop_empty_transcripts: bool) -> torch.utils.data.DataLoader:
         c = self.config
         sampler = _bucketing_sampler(cuts, max_duration=c.max_duration, shuffle=False, num_buckets=c.num_buckets,
-                                     buffer_size=c.bucketing_buffer_size)
+                                     buffer_size=c.bucketing_buffer_size, rank=self.rank, world_size=self.world_size)
         dataset = AsrDataset(on_the_fly_feats=c.on_the_fly_feats, spec_augment=None, num_mel_bins=c.num_mel_bins,
                              drop_empty_transcripts=drop_empty_transcripts)
         return self._loader(dataset, sampler, seed=None)

@@ -1,7 +1,17 @@
-"""The training loop (plain functions), its typed config, experiment folders, and rank helpers for DDP."""
+"""The training loop (plain functions), its typed config, experiment folders, and distributed training through
+torchrun."""
 
 from .config import TrainConfig
-from .distributed import get_rank, get_world_size, is_main_process, unwrap
+from .distributed import (
+    DistributedEnv,
+    RankFailedError,
+    get_rank,
+    get_world_size,
+    is_main_process,
+    setup_distributed,
+    teardown_distributed,
+    unwrap,
+)
 from .experiment import ExperimentError, prepare_experiment, read_model_config
 from .loop import (
     TooManySkippedBatches,
@@ -17,7 +27,8 @@ from .loop import (
 from .resume import ResumeMismatchError
 
 __all__ = [
-    "ExperimentError", "ResumeMismatchError", "TooManySkippedBatches", "TrainConfig", "TrainState",
-    "build_optimizer", "build_scheduler", "compute_loss", "get_rank", "get_world_size", "is_main_process",
-    "pad_targets", "prepare_experiment", "read_model_config", "seed_everything", "train", "unwrap", "validate",
+    "DistributedEnv", "ExperimentError", "RankFailedError", "ResumeMismatchError", "TooManySkippedBatches",
+    "TrainConfig", "TrainState", "build_optimizer", "build_scheduler", "compute_loss", "get_rank", "get_world_size",
+    "is_main_process", "pad_targets", "prepare_experiment", "read_model_config", "seed_everything",
+    "setup_distributed", "teardown_distributed", "train", "unwrap", "validate",
 ]

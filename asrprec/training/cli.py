@@ -134,8 +134,12 @@ def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
     p.add_argument("--lr-batches", type=float, default=d.lr_batches)
     p.add_argument("--lr-epochs", type=float, default=d.lr_epochs)
     p.add_argument("--warmup-batches", type=int, default=d.warmup_batches)
+    p.add_argument("--ref-duration", type=float, default=d.ref_duration,
+                   help="seconds of audio one schedule batch stands for: Eden, the loss warm-up and the encoder "
+                        "schedules count steps × world size × max-duration / this (icefall: 600); 0 = the "
+                        "per-rank --max-duration, i.e. steps × world size (one process: its steps)")
     p.add_argument("--encoder-schedule-scale", type=float, default=d.encoder_schedule_scale,
-                   help="encoder schedules (Zipformer dropout/skip rates) see batch count × this")
+                   help="encoder schedules (Zipformer dropout/skip rates) see the (adjusted) batch count × this")
     p.add_argument("--grad-clip", type=float, default=d.grad_clip)
     p.add_argument("--log-interval", type=int, default=d.log_interval)
     p.add_argument("--valid-interval", type=int, default=d.valid_interval)
@@ -235,19 +239,27 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_device(name: str | None) -> str:
-    import torch
+    """``name``, or cuda if available else cpu; under torchrun ``cuda`` is this process's ``cuda:LOCAL_RANK``."""
+    from .distributed import rank_device
 
-    return name or ("cuda" if torch.cuda.is_available() else "cpu")
+    return str(rank_device(name))
 
 
-def setup_logging(log_file: str | None = None, rank: int = 0) -> None:
-    """Log to stderr (rank 0) and to ``log_file``; other ranks log warnings only."""
+def setup_logging(log_file: str | None = None, rank: int | None = None) -> None:
+    """Rank 0 (default: this process's rank) logs to stderr and ``log_file``; other ranks log warnings to
+    stderr only, tagged with their rank (only rank 0 writes files)."""
+    import os
+
+    from .distributed import get_rank, get_world_size
+
+    if rank is None:  # torchrun's RANK also before the process group exists
+        rank = get_rank() if get_world_size() > 1 else int(os.environ.get("RANK", "0"))
     handlers: list[logging.Handler] = [logging.StreamHandler()]
-    if log_file:
+    if log_file and rank == 0:
         handlers.append(logging.FileHandler(log_file))
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
-        format="%(asctime)s %(levelname)s [%(name)s] %(message)s",
+        format="%(asctime)s %(levelname)s [%(name)s] " + (f"[rank {rank}] " if rank else "") + "%(message)s",
         handlers=handlers,
         force=True,
     )

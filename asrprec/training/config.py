@@ -34,10 +34,20 @@ class TrainConfig:
     lr_batches: float = 7500.0
     lr_epochs: float = 3.5
     warmup_batches: int = 500
+    # The schedules (Eden's batch index, the transducer's loss-scale and model warm-ups, the encoder's own
+    # schedules) see the adjusted batch count, which grows by world_size × max_duration / ref_duration per
+    # optimizer step (icefall's get_adjusted_batch_count, k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py,
+    # which applies it to the encoder's schedules only). ref_duration = 0 takes the run's own per-rank
+    # max_duration: a step counts world_size batches, so a single process counts its optimizer steps (as
+    # before) and N GPUs at the same per-rank max-duration move N times faster per step, i.e. at the same
+    # pace per hour of audio. Set ref_duration (icefall: 600 s) to also make a change of max-duration keep
+    # the schedules per hour of audio; lr_batches and loss_warmup_batches are then in batches of
+    # ref_duration seconds.
+    ref_duration: float = 0.0
     # The encoder's own schedules (Zipformer dropout / layer-skip / balancer limits, written for batch counts
-    # in the thousands) see batch_idx_train × this. icefall scales by max_duration·world_size/ref_duration
-    # (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, get_adjusted_batch_count); a tiny corpus
-    # trained for ~1,500 batches wants the opposite direction (> 1) to leave the heavy early regularisation.
+    # in the thousands) see the adjusted batch count × this. A tiny corpus trained for ~1,500 batches wants
+    # > 1 to leave the heavy early regularisation; icefall's LibriSpeech setting is ref_duration=0 with
+    # max_duration/600 here, or ref_duration=600 with 1 here.
     encoder_schedule_scale: float = 1.0
     grad_clip: float = 0.0  # global-norm clip for adamw; ScaledAdam clips by itself (median-based)
     log_interval: int = 20
@@ -56,6 +66,8 @@ class TrainConfig:
     scan_oom: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.ref_duration < 0:
+            raise ValueError(f"ref_duration must be >= 0 seconds (0 = this run's max_duration), got {self.ref_duration}")
         if not self.encoder_schedule_scale > 0:
             raise ValueError(f"encoder_schedule_scale must be > 0, got {self.encoder_schedule_scale}")
         if self.scan_oom not in SCAN_OOM_MODES:

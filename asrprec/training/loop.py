@@ -2,8 +2,17 @@
 a scaler (a no-op unless ``amp-fp16``) and an optimizer wrapper (fp32 master weights under ``bf16``).
 
 Plain functions: :func:`train` (experiment folder, resume, epochs, checkpoints), :func:`train_one_epoch`,
-:func:`train_step`, :func:`compute_loss`, :func:`validate`. Rank-aware (only rank 0 logs and saves) so DDP
-through torchrun slots in without rewriting.
+:func:`train_step`, :func:`compute_loss`, :func:`validate`.
+
+Under torchrun (after :func:`~asrprec.training.distributed.setup_distributed`) the same loop trains data-parallel:
+the model is wrapped in DDP with summed gradients, every rank reads its own shard, the ranks agree each step on
+whether to go on, skip or stop (:mod:`asrprec.training.distributed`), validation and the logged losses are summed
+over ranks, and only rank 0 writes checkpoints, tensorboard and the running average.
+
+Schedules count data, not steps (:func:`schedule_batches_per_step`): Eden's batch index, the transducer's
+warm-ups and the encoder's schedules see ``adjusted_batch_count``, which grows by
+``world_size × max_duration / ref_duration`` per optimizer step (icefall's ``get_adjusted_batch_count``), so
+a run on more GPUs follows the same schedule per hour of audio.
 
 Nothing is lost and nothing is silent:
 
@@ -11,7 +20,7 @@ Nothing is lost and nothing is silent:
   and the random generators; a resumed run trains the same batches with the same random numbers as an
   uninterrupted one (:mod:`asrprec.training.resume` explains how);
 * a batch that cannot be used is skipped, named in the log and counted: one whose loader failed or whose cuts are
-  all unreadable, one with a non-finite loss; more than ``max_skipped_fraction`` of an epoch's batches, or an
+  all unreadable, one with a non-finite loss (under DDP such a step is skipped on every rank); more than ``max_skipped_fraction`` of an epoch's batches, or an
   epoch without a single trained batch, stops the run with :class:`TooManySkippedBatches` after a checkpoint;
 * the epoch's checkpoint is written before validation, and validation leaves the random generators as they were
   (so it can neither lose an epoch nor change what follows); a non-finite validation loss is a warning.
@@ -33,10 +42,26 @@ from torch import nn
 from asrprec import checkpoint as ckpt
 from asrprec.models.builders import set_batch_count
 from asrprec.precision import PrecisionPolicy, effective_dtypes
-from asrprec.rng import preserved_rng, seed_everything, set_rng_state
+from asrprec.rng import get_rng_state, preserved_rng, seed_everything, set_rng_state
 
 from .config import TrainConfig
-from .distributed import all_reduce_sum, get_rank, get_world_size, is_main_process, unwrap
+from .distributed import (
+    RankFailedError,
+    all_reduce_sum,
+    barrier,
+    check_sharded,
+    describe,
+    flags_by_rank,
+    gather_objects,
+    get_rank,
+    get_world_size,
+    is_main_process,
+    raise_failure,
+    raise_if_any_failed,
+    sum_over_ranks,
+    unwrap,
+    wrap_model,
+)
 from .experiment import (
     ExperimentError,
     append_history,
@@ -78,6 +103,8 @@ class TooManySkippedBatches(RuntimeError):
 class TrainState:
     epoch: int = 1
     batch_idx_train: int = 0
+    # the batch count the schedules see (see schedule_batches_per_step); = batch_idx_train for one process
+    adjusted_batch_count: float = 0.0
     best_valid_loss: float = math.inf
     best_valid_epoch: int = -1
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -144,11 +171,13 @@ def peak_memory_mb(device: torch.device) -> float:
 
 @torch.no_grad()
 def validate(model: nn.Module, loader: Iterable, tokenizer, policy: PrecisionPolicy) -> float:
-    """Per-frame validation loss (summed over ranks).
+    """Per-frame validation loss: each rank's loader (its shard) through the bare model (a DDP forward would
+    synchronise buffers, and ranks may hold different numbers of batches), summed over ranks.
 
     The random generators are left as they were (creating a DataLoader iterator draws from them), so validating
     or not cannot change the training that follows. Cuts the loader could not read are logged and left out.
     """
+    model = unwrap(model)
     was_training = model.training
     model.eval()
     tot = torch.zeros(2, dtype=torch.float64)
@@ -168,6 +197,56 @@ def validate(model: nn.Module, loader: Iterable, tokenizer, policy: PrecisionPol
 def _grad_norm(model: nn.Module) -> float:
     norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
     return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+# -- schedules and rank agreement ------------------------------------------------------------------
+
+
+def schedule_batches_per_step(cfg: TrainConfig, train_dl: Any) -> float:
+    """How far the schedules' batch count moves per optimizer step: ``world_size × max_duration /
+    ref_duration`` (k2-fsa/icefall ``egs/librispeech/ASR/zipformer/train.py``, ``get_adjusted_batch_count``),
+    with ``max_duration`` the training sampler's per-rank value. ``ref_duration=0`` takes this run's
+    ``max_duration``: each step then counts ``world_size`` batches, and a single process counts its steps."""
+    world = get_world_size()
+    if not cfg.ref_duration:
+        return float(world)
+    max_duration = sampler_max_duration(getattr(train_dl, "sampler", None))
+    if max_duration is None:
+        raise ValueError(f"ref_duration={cfg.ref_duration:g} needs the training sampler's max_duration, and this "
+                         "loader's sampler has none (a lhotse sampler has). Fix: use a lhotse sampler, or "
+                         "ref_duration=0 to count batches")
+    return world * max_duration / cfg.ref_duration
+
+
+def set_schedule_counts(model: nn.Module, scheduler, batch_count: float, cfg: TrainConfig) -> None:
+    """Tell Eden, the model's warm-ups and (× ``encoder_schedule_scale``) the encoder's schedules where
+    training is, in adjusted batches."""
+    set_batch_count(model, batch_count)
+    if cfg.encoder_schedule_scale != 1.0 and hasattr(model, "encoder"):
+        set_batch_count(model.encoder, batch_count * cfg.encoder_schedule_scale)
+    scheduler.step_batch(batch_count)
+
+
+def forward_on_every_rank(model: nn.Module, batch: dict[str, Any], tokenizer, policy: PrecisionPolicy,
+                          what: str) -> tuple[torch.Tensor, dict[str, float], list[int]]:
+    """:func:`compute_loss`, then one agreement over ranks before any gradient is exchanged: an error on one
+    rank is raised on all (its own on it, :class:`RankFailedError` quoting it elsewhere). Returns the loss,
+    its statistics and the ranks whose loss is not finite (the step is to be skipped on every rank then)."""
+    error, loss, info = None, None, {"loss": math.nan}
+    try:
+        loss, info = compute_loss(model, batch, tokenizer, policy)
+    except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks know
+        error = e
+    failed, nonfinite = flags_by_rank(error is not None, not math.isfinite(info["loss"]))
+    if failed:
+        raise_failure(error, failed, what)
+    return loss, info, nonfinite
+
+
+def _summed_over_ranks(info: dict[str, float]) -> dict[str, float]:
+    keys = sorted(k for k in info if k in ("loss", "frames", "utterances", "simple_loss", "pruned_loss",
+                                            "transducer_loss"))
+    return {**info, **dict(zip(keys, sum_over_ranks(*(info[k] for k in keys))))}
 
 
 # -- skipping batches ------------------------------------------------------------------------------
@@ -222,15 +301,21 @@ def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, po
                cfg: TrainConfig, state: TrainState, save: Callable[[str], Any], want_grad_norm: bool,
                averager: ckpt.RunningAverage | None = None, max_duration: float | None = None
                ) -> dict[str, float] | None:
-    """Forward, backward and update on one batch; None when the loss is not finite (nothing was updated).
+    """Forward, backward and update on one batch; None when the loss is not finite (on any rank: the step is then
+    skipped on every rank, so that all ranks run the same collectives; nothing was updated).
 
-    Any other error saves ``bad-model.pt`` and propagates; an out-of-memory error also saves the batch and
-    becomes :class:`~asrprec.training.oom.BatchOutOfMemory`.
+    Any other error saves ``bad-model.pt`` and propagates (an error in the forward pass on one rank is raised on
+    every rank); an out-of-memory error also saves the batch and becomes
+    :class:`~asrprec.training.oom.BatchOutOfMemory`.
     """
     bare = unwrap(model)
     try:
-        loss, info = compute_loss(model, batch, tokenizer, policy)
-        if not math.isfinite(info["loss"]):
+        loss, info, nonfinite_ranks = forward_on_every_rank(model, batch, tokenizer, policy,
+                                                            f"training batch {state.batch_idx_train}")
+        if nonfinite_ranks:
+            if get_world_size() > 1:
+                log.warning("batch %d skipped on every rank: non-finite loss on rank(s) %s", state.batch_idx_train,
+                            nonfinite_ranks)
             optimizer.zero_grad(set_to_none=True)
             return None
         scaler.scale(loss).backward()
@@ -240,14 +325,15 @@ def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, po
         info["grad_norm"] = _grad_norm(model) if want_grad_norm else float("nan")
         scaler.step(optimizer)
         scaler.update()
+        # a collapse happens on every rank at once (the summed gradients, hence the scales, are the same)
         scaler.check_health(state.batch_idx_train, on_collapse=lambda: save(ckpt.BAD_MODEL_NAME))
         optimizer.zero_grad(set_to_none=True)
         if averager is not None:
             averager.maybe_update(bare, state.batch_idx_train)
         return info
     except Exception as e:
-        save(ckpt.BAD_MODEL_NAME)
-        if is_out_of_memory(e):
+        save(ckpt.BAD_MODEL_NAME, collective=False)  # the other ranks may not be failing here
+        if is_out_of_memory(e) and not isinstance(e, RankFailedError):
             path = save_batch(batch, ckpt.oom_batch_path(cfg.exp_dir, state.batch_idx_train, get_rank()
                                                          if get_world_size() > 1 else None))
             if policy.device.type == "cuda":
@@ -259,6 +345,9 @@ def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, po
 
 
 def _log_step(info: dict[str, float], batch: dict[str, Any], *, optimizer, scaler, policy, state, writer, window):
+    """Every rank calls this at the same steps: the losses and frames/s are those of all ranks together."""
+    info = _summed_over_ranks(info)  # the global batch's loss
+    window["frames"] = sum_over_ranks(window["frames"])[0]
     now = time.time()
     fps = window["frames"] / max(now - window["t"], 1e-9)
     window["frames"], window["t"] = 0.0, now
@@ -296,6 +385,7 @@ class _Epoch:
     averager: ckpt.RunningAverage | None
     max_duration: float | None
     t0: float
+    per_step: float  # schedule batches per optimizer step (schedule_batches_per_step)
     window: dict[str, float] = field(default_factory=lambda: {"frames": 0.0, "t": time.time()})
 
 
@@ -304,10 +394,8 @@ def _train_on(batch: dict[str, Any], e: _Epoch) -> None:
     state, cfg, progress = e.state, e.cfg, e.state.progress
     bare = unwrap(e.model)
     state.batch_idx_train += 1
-    set_batch_count(bare, state.batch_idx_train)
-    if cfg.encoder_schedule_scale != 1.0 and hasattr(bare, "encoder"):
-        set_batch_count(bare.encoder, state.batch_idx_train * cfg.encoder_schedule_scale)
-    e.scheduler.step_batch(state.batch_idx_train)
+    state.adjusted_batch_count += e.per_step
+    set_schedule_counts(bare, e.scheduler, state.adjusted_batch_count, cfg)
     log_now = (progress.batches_done - 1) % cfg.log_interval == 0
     info = train_step(e.model, batch, optimizer=e.optimizer, scaler=e.scaler, policy=e.policy,
                       tokenizer=e.tokenizer, cfg=cfg, state=state, save=e.save, averager=e.averager,
@@ -333,8 +421,14 @@ def _train_on(batch: dict[str, Any], e: _Epoch) -> None:
             ckpt.keep_last_k(cfg.exp_dir, ckpt.BATCH_PATTERN, cfg.keep_last_k)
 
 
-def _consume(batch: Any, error: BaseException | None, e: _Epoch) -> None:
-    """One batch from the loader: train on it, or count and name why it is skipped."""
+def _unusable(batch: Any, error: BaseException | None) -> bool:
+    return error is not None or batch["features"].shape[0] == 0
+
+
+def _consume(batch: Any, error: BaseException | None, e: _Epoch, unusable_ranks: list[int]) -> None:
+    """One batch from the loader: train on it, or count and name why it is skipped. ``unusable_ranks``: the ranks
+    whose batch of this step could not be used (:func:`_unusable`, agreed by all ranks); the step is then skipped
+    on every rank, so that all ranks run the same collectives."""
     progress, state = e.state.progress, e.state
     if error is not None:
         _skip(progress, UNLOADABLE, [], f"the loader raised {type(error).__name__}: "
@@ -345,6 +439,11 @@ def _consume(batch: Any, error: BaseException | None, e: _Epoch) -> None:
         ids = [d["cut_id"] for d in batch.get("dropped_cuts", [])]
         _skip(progress, UNLOADABLE, ids, "no cut of the batch could be read", state.batch_idx_train)
         return
+    if unusable_ranks:
+        _skip(progress, UNLOADABLE, list(batch.get("cut_ids", [])),
+              f"the batch of rank(s) {unusable_ranks} could not be loaded (skipped on every rank)",
+              state.batch_idx_train)
+        return
     _train_on(batch, e)
 
 
@@ -353,10 +452,12 @@ def _stop_if_loader_broken(failures_in_a_row: int, error: BaseException | None, 
         return
     path = ckpt.batch_checkpoint_path(e.cfg.exp_dir, e.state.batch_idx_train)
     e.save(path.name)
+    barrier()  # on disk before any rank exits (torchrun then ends the others)
+    last = f"{type(error).__name__}: {str(error)[:300]}" if error is not None else "on another rank, see its log"
     raise TooManySkippedBatches(
-        f"the training data loader failed {failures_in_a_row} times in a row (last: {type(error).__name__}: "
-        f"{str(error)[:300]}); it is broken rather than serving a few bad batches. Saved {path}. Fix the loader "
-        "or the data, then continue with --resume latest") from error
+        f"the training data loader failed {failures_in_a_row} times in a row (last: {last}); it is broken rather "
+        f"than serving a few bad batches. Saved {path}. Fix the loader or the data, then continue with --resume "
+        "latest") from error
 
 
 def train_one_epoch(
@@ -375,9 +476,14 @@ def train_one_epoch(
     save,
     averager: ckpt.RunningAverage | None = None,
     max_duration: float | None = None,
+    per_step: float = 1.0,
 ) -> dict[str, float]:
     """Train on ``batches`` (an iterator positioned at ``state.progress.batches_done``) until the epoch or
     ``cfg.max_batches_per_epoch`` ends; returns per-frame average training loss and the epoch's statistics.
+
+    Under DDP the epoch ends for all ranks when any rank's shard runs out (lhotse's samplers give every rank the
+    same number of batches; other loaders need not), and a batch that one rank cannot use is skipped on all.
+    ``per_step``: how far the schedules' batch count moves per step (:func:`schedule_batches_per_step`).
 
     Raises:
         TooManySkippedBatches: more skipped batches than ``cfg.max_skipped_fraction`` allows, or a loader that
@@ -387,7 +493,7 @@ def train_one_epoch(
     progress = state.progress
     e = _Epoch(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, policy=policy,
                tokenizer=tokenizer, valid_dl=valid_dl, cfg=cfg, state=state, writer=writer, save=save,
-               averager=averager, max_duration=max_duration, t0=time.time() - progress.seconds)
+               averager=averager, max_duration=max_duration, t0=time.time() - progress.seconds, per_step=per_step)
     # a bar updated by hand: a tqdm-wrapped iterator would end the epoch at the first batch the loader fails on
     bar = None
     if cfg.progress_bar and is_main_process():
@@ -400,13 +506,23 @@ def train_one_epoch(
         while not (cfg.max_batches_per_epoch and progress.batches_done >= cfg.max_batches_per_epoch):
             try:
                 batch, error = _next_batch(batches)
+                exhausted = False
             except StopIteration:
+                batch, error, exhausted = None, None, True
+            # one agreement per batch (nothing under one process): the epoch ends for all when a shard runs out,
+            # and a batch that one rank cannot use is skipped on all
+            ended, unusable_ranks, failed_ranks = flags_by_rank(
+                exhausted, not exhausted and _unusable(batch, error), error is not None)
+            if ended:
+                if not exhausted:
+                    log.warning("rank(s) %s ran out of batches first: epoch %d ends here on every rank", ended,
+                                state.epoch)
                 break
             progress.batches_done += 1
             progress.last_cut_ids = batch_cut_ids(batch) if batch is not None else []
-            failures_in_a_row = failures_in_a_row + 1 if error is not None else 0
+            failures_in_a_row = failures_in_a_row + 1 if failed_ranks else 0
             _stop_if_loader_broken(failures_in_a_row, error, e)
-            _consume(batch, error, e)
+            _consume(batch, error, e, [r for r in unusable_ranks if r != get_rank()])
             _stop_if_too_many_skipped(progress, cfg, state, save, end_of_epoch=False)
             if bar is not None:
                 bar.update(1)
@@ -419,9 +535,11 @@ def train_one_epoch(
 
 
 def _epoch_stats(progress: EpochProgress) -> dict[str, Any]:
-    return {"train_loss": progress.tot_loss / max(progress.tot_frames, 1.0), "epoch_seconds": progress.seconds,
+    """The epoch's statistics over all ranks (every rank calls this)."""
+    tot_loss, tot_frames, dropped = sum_over_ranks(progress.tot_loss, progress.tot_frames, progress.dropped_cuts)
+    return {"train_loss": tot_loss / max(tot_frames, 1.0), "epoch_seconds": progress.seconds,
             "batches": progress.batches_done, "steps": progress.steps, "skipped_batches": dict(progress.skipped),
-            "dropped_cuts": progress.dropped_cuts}
+            "dropped_cuts": int(dropped)}
 
 
 def _stop_if_too_many_skipped(progress: EpochProgress, cfg: TrainConfig, state: TrainState, save,
@@ -435,6 +553,7 @@ def _stop_if_too_many_skipped(progress: EpochProgress, cfg: TrainConfig, state: 
         append_history(cfg.exp_dir, {"event": "stopped", "epoch": progress.epoch,
                                      "batch_idx_train": state.batch_idx_train, "reason": why,
                                      "skipped_examples": progress.skipped_examples})
+    barrier()  # the checkpoint is on disk before any rank exits (torchrun then ends the others)
     raise TooManySkippedBatches(
         f"{why}. Skipped batches, e.g.: {', '.join(progress.skipped_examples[:5])} (the log names every cut). "
         f"Saved {Path(cfg.exp_dir) / name}. Fix: for unreadable data, check the files (--validate-data full finds "
@@ -466,13 +585,38 @@ def _scan_wanted(mode: str, policy: PrecisionPolicy, train_dl: Any) -> bool:
 
 
 def _extra(state: TrainState) -> dict[str, Any]:
-    return {"epoch": state.epoch, "batch_idx_train": state.batch_idx_train, "best_valid_loss": state.best_valid_loss,
-            "best_valid_epoch": state.best_valid_epoch, "history": list(state.history),
-            "progress": state.progress.state_dict() if state.progress is not None else None}
+    """What a checkpoint records of the loop besides the training objects. Collective under DDP (every rank calls
+    it at the same point): the epoch's running totals are summed over ranks, and every rank's random-generator
+    states are kept (``rng_by_rank``), so that each rank resumes its own random draws."""
+    progress = state.progress.state_dict() if state.progress is not None else None
+    extra = {"epoch": state.epoch, "batch_idx_train": state.batch_idx_train,
+             "adjusted_batch_count": state.adjusted_batch_count, "world_size": get_world_size(),
+             "best_valid_loss": state.best_valid_loss, "best_valid_epoch": state.best_valid_epoch,
+             "history": list(state.history), "progress": progress}
+    if get_world_size() > 1:
+        if progress is not None:
+            progress["tot_loss"], progress["tot_frames"], dropped = sum_over_ranks(
+                progress["tot_loss"], progress["tot_frames"], progress["dropped_cuts"])
+            progress["dropped_cuts"] = int(dropped)
+        extra["rng_by_rank"] = gather_objects(get_rng_state())
+    return extra
+
+
+def _rank_rng(saved: dict[str, Any], extra: dict[str, Any], path: Path) -> dict | None:
+    """This rank's random-generator states from a checkpoint: its own under the same number of ranks, else rank
+    0's (then the resumed draws differ from an uninterrupted run's, which is said)."""
+    by_rank, world = extra.get("rng_by_rank"), get_world_size()
+    if isinstance(by_rank, list) and len(by_rank) == world:
+        return by_rank[get_rank()]
+    saved_world = int(extra.get("world_size", 1))
+    if saved_world != world:
+        log.warning("%s was written by %d process(es) and training continues with %d: the data shards and random "
+                    "draws differ from an uninterrupted run's from here on", path, saved_world, world)
+    return saved.get("rng")
 
 
 def _restore(path: Path, *, model, optimizer, scheduler, scaler, averager, policy, state: TrainState,
-             cfg: TrainConfig) -> tuple[dict | None, dict[str, Any]]:
+             cfg: TrainConfig, per_step: float) -> tuple[dict | None, dict[str, Any]]:
     """Load ``path`` into the training objects and ``state``; return (its random-generator states, a record of
     the resume for the history). The generators are not restored here: the loop does it at the right moment."""
     saved = ckpt.read_checkpoint(path)
@@ -494,6 +638,7 @@ def _restore(path: Path, *, model, optimizer, scheduler, scaler, averager, polic
                         "--use-averaged-model can only average epochs trained from now on", path)
     extra = info.get("extra", {})
     state.batch_idx_train = int(extra.get("batch_idx_train", 0))
+    state.adjusted_batch_count = float(extra.get("adjusted_batch_count", state.batch_idx_train * per_step))
     state.best_valid_loss = float(extra.get("best_valid_loss", math.inf))
     state.best_valid_epoch = int(extra.get("best_valid_epoch", -1))
     state.history = _resumed_history(list(extra.get("history") or []), cfg.exp_dir)
@@ -507,8 +652,11 @@ def _restore(path: Path, *, model, optimizer, scheduler, scaler, averager, polic
                 f"Fix: resume from the end of the previous epoch (--start-epoch {epoch})")
         progress = {"epoch": epoch, "epoch_done": True}
     state.progress = EpochProgress.from_state_dict(progress)
+    if get_rank() > 0:  # the saved totals are those of all ranks together (see _extra): rank 0 carries them on
+        state.progress.tot_loss = state.progress.tot_frames = 0.0
+        state.progress.dropped_cuts = 0
     state.epoch = state.progress.epoch + 1 if state.progress.epoch_done else state.progress.epoch
-    rng = saved.get("rng")
+    rng = _rank_rng(saved, extra, path)
     if rng is None:
         log.warning("%s holds no random-generator states: the resumed run's random draws (dropout, augmentation) "
                     "differ from an uninterrupted run's", path)
@@ -580,6 +728,12 @@ def train(
     averages the last N epoch files. ``model_config`` (a recipe's builder arguments) is recorded as
     ``model.json``; a resume with another architecture is refused (:mod:`asrprec.training.experiment`).
 
+    Under an initialised process group (torchrun + :func:`~asrprec.training.distributed.setup_distributed`)
+    every rank calls this with its own shard in ``train_dl`` / ``valid_dl`` (a lhotse sampler built for
+    another world size is an error); ``policy.device`` is the rank's device. Rank r seeds its random
+    generators (dropout, layer skipping, SpecAugment) with ``cfg.seed + r``; DDP starts every rank from rank
+    0's weights. Returns when every rank is done and rank 0's last checkpoint is on disk.
+
     Raises:
         ExperimentError: the folder holds another run and ``cfg.overwrite`` is off (and the other folder rules).
         FileNotFoundError / CheckpointReadError / CheckpointMismatchError: the checkpoint to resume from is
@@ -588,11 +742,22 @@ def train(
     """
     exp_dir = Path(cfg.exp_dir)
     resume_from = prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
-    seed_everything(cfg.seed)
+    barrier()  # rank 0 has cleaned the folder (or refused it) before any rank goes on
+    seed_everything(cfg.seed + get_rank())
+    check_sharded(train_dl, "training")
+    per_step = schedule_batches_per_step(cfg, train_dl)
     model = policy.prepare_model(model)
+    if _scan_wanted(cfg.scan_oom, policy, train_dl):
+        # before DDP: a backward pass through the bare model of a DDP wrapper leaves DDP's record of the
+        # parameters used in the step wrong, and its first step then fails
+        _scan_on_every_rank(model, train_dl, tokenizer, policy, cfg)
+    # DDP after the cast (it broadcasts and hooks the parameters as they are) and before the optimizer (the
+    # bf16 master weights copy rank 0's broadcast values)
+    model = wrap_model(model, policy.device)
     dtypes = effective_dtypes(model)
     desc = policy.describe()
     log.info("precision: %s", ", ".join(f"{k}={v}" for k, v in desc.items()))
+    log.info("processes: %s", describe())
     log.info("parameter dtypes: %s", ", ".join(f"{k}: {v:,}" for k, v in dtypes.items()))
     optimizer = build_optimizer(model, cfg, policy)
     scheduler = build_scheduler(optimizer, cfg)
@@ -606,26 +771,28 @@ def train(
     averager = ckpt.RunningAverage(unwrap(model), cfg.average_period) \
         if cfg.average_period and is_main_process() else None
 
-    def save(name: str) -> None:
+    def save(name: str, *, collective: bool = True) -> None:
+        """Rank 0 writes the checkpoint. ``collective``: every rank calls this at the same point (the saved
+        totals and random states then cover every rank); a save only one rank may reach passes False."""
         # no sampler state: the position is extra["progress"] (a lhotse sampler's own state runs ahead of training
         # by the batches its DataLoader workers prefetched)
+        extra = _extra(state) if collective or get_world_size() == 1 else None
         if is_main_process():
             ckpt.save_checkpoint(exp_dir / name, model=unwrap(model), optimizer=optimizer, scheduler=scheduler,
                                  scaler=scaler, policy=policy, config=full_config, model_avg=averager,
-                                 extra=_extra(state))
+                                 extra=extra if extra is not None else {"epoch": state.epoch,
+                                                                        "batch_idx_train": state.batch_idx_train})
 
     rng, record = None, None
     if resume_from is not None:
         rng, record = _restore(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                               averager=averager, policy=policy, state=state, cfg=cfg)
+                               averager=averager, policy=policy, state=state, cfg=cfg, per_step=per_step)
         if state.epoch > cfg.num_epochs:
             raise ExperimentError(f"{resume_from} ends epoch {state.epoch - 1} and --num-epochs is {cfg.num_epochs}: "
                                   "nothing to train. Fix: raise --num-epochs")
     record_run_start(exp_dir, model_config=model_config, config=full_config, precision=desc, resume=record,
                      rank=get_rank())
 
-    if _scan_wanted(cfg.scan_oom, policy, train_dl):
-        scan_pessimistic_batches(model, train_dl, tokenizer, policy, encoder_schedule_scale=cfg.encoder_schedule_scale)
     with SummaryWriterOrNull(exp_dir / "tensorboard", enabled=cfg.tensorboard and is_main_process()) as writer:
         writer.add_text("precision", "\n".join(f"{k}: {v}" for k, v in {**desc, **dtypes}.items()), 0)
         for epoch in range(state.epoch, cfg.num_epochs + 1):
@@ -646,7 +813,22 @@ def train(
             stats = train_one_epoch(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                     policy=policy, tokenizer=tokenizer, batches=batches, valid_dl=valid_dl,
                                     cfg=cfg, state=state, writer=writer, save=save, averager=averager,
-                                    max_duration=sampler_max_duration(getattr(train_dl, "sampler", None)))
+                                    max_duration=sampler_max_duration(getattr(train_dl, "sampler", None)),
+                                    per_step=per_step)
             _end_epoch(stats=stats, model=model, policy=policy, tokenizer=tokenizer, valid_dl=valid_dl, cfg=cfg,
                        state=state, writer=writer, save=save)
+    barrier()  # rank 0's last checkpoint is written before any rank returns (and may resume from it)
     return state
+
+
+def _scan_on_every_rank(model: nn.Module, train_dl, tokenizer, policy: PrecisionPolicy, cfg: TrainConfig) -> None:
+    """The OOM scan of each rank's riskiest batches, on the model before DDP wraps it (no gradient all-reduce:
+    ranks may try different numbers of batches; the memory of DDP's gradient buckets, one more copy of the
+    gradients, is not included); a rank whose batch does not fit stops every rank with its message."""
+    error = None
+    try:
+        scan_pessimistic_batches(model, train_dl, tokenizer, policy,
+                                 encoder_schedule_scale=cfg.encoder_schedule_scale)
+    except Exception as e:  # noqa: BLE001 - re-raised by raise_if_any_failed
+        error = e
+    raise_if_any_failed(error, "the out-of-memory scan of the riskiest batches")

@@ -18,7 +18,7 @@ from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.models import count_parameters
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
-from asrprec.training import prepare_experiment, seed_everything, train
+from asrprec.training import get_rank, is_main_process, prepare_experiment, seed_everything, setup_distributed, train
 from asrprec.training.cli import (
     add_data_check_args, add_model_args, add_precision_args, add_training_args, build_model_from_args,
     check_splits, resolve_device, run_main, setup_logging, train_config_from_args,
@@ -65,22 +65,25 @@ def get_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = get_parser().parse_args()
+    setup_distributed(args.device)  # under torchrun: join the process group on this rank's device; else nothing
     cfg = train_config_from_args(args)
     Path(args.exp_dir).mkdir(parents=True, exist_ok=True)
-    setup_logging(str(Path(args.exp_dir) / "train.log"))
+    setup_logging(str(Path(args.exp_dir) / "train.log"), rank=get_rank())
     if args.threads:
         torch.set_num_threads(args.threads)
     seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
     model, model_config = build_model_from_args(args, tokenizer, model_warmup_batches=args.model_warmup_batches)
     # refuse a folder holding another run, or a resume with another model, before loading the data
-    prepare_experiment(cfg, model_config=model_config)
+    prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
     cuts, checks = check_splits(load_fbank_cuts(args.data_dir, splits=("train", "dev")), args, tokenizer,
                                 model.min_input_frames)
     data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed,
                                     spec_augment=args.spec_augment))
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
-    print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; precision: {policy.describe()}")
+    if is_main_process():
+        print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; "
+              f"precision: {policy.describe()}")
     train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
           valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
           config_for_checkpoint={"data": {"data_dir": str(args.data_dir), "max_duration": args.max_duration,

@@ -23,7 +23,7 @@ from asrprec.data.corpora import LIBRISPEECH_TRAIN_PARTS, PreparedData
 from asrprec.models import count_parameters
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
-from asrprec.training import is_main_process, prepare_experiment, seed_everything, train
+from asrprec.training import get_rank, is_main_process, prepare_experiment, seed_everything, setup_distributed, train
 from asrprec.training.cli import (
     add_data_check_args, add_model_args, add_precision_args, add_training_args, build_model_from_args, check_splits,
     resolve_device, run_main, setup_logging, train_config_from_args,
@@ -31,9 +31,13 @@ from asrprec.training.cli import (
 
 HERE = Path(__file__).resolve().parent
 PREPARE_HINT = "run python recipes/librispeech/prepare.py with the same --subset and --data-dir"
-# The Zipformer's schedules count audio, not batches: icefall's get_adjusted_batch_count feeds them
-# batches x max-duration x world size / 600 s (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, --ref-duration)
-ICEFALL_REF_DURATION = 600.0
+# Every schedule counts audio, not steps: the loop advances it by world size x max-duration / ref-duration per step
+# (icefall's get_adjusted_batch_count, k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py). icefall's LibriSpeech
+# runs (4 GPUs x max-duration 1000, ref-duration 600) move it by 6.67 per step; icefall applies that count to the
+# encoder's schedules and counts raw steps for Eden (lr-batches 7500, warm-up 500) and the loss warm-up (2000).
+# The defaults below are those step counts x 6.67, so on 4 GPUs every schedule matches icefall's, and on 1 or 8
+# GPUs each keeps the same pace per hour of audio.
+ICEFALL_STEP = 4 * 1000.0 / 600.0
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -53,11 +57,11 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-musan", dest="musan", action="store_false", help="no MUSAN noise mixing")
     add_precision_args(p)
     add_model_args(p, encoder="zipformer", size="medium")
-    p.set_defaults(loss="pruned", loss_warmup_batches=2000)  # icefall: pruned loss, warm_step 2000
+    p.set_defaults(loss="pruned", loss_warmup_batches=round(2000 * ICEFALL_STEP))  # icefall: warm_step 2000
     add_training_args(p, exp_dir=str(HERE / "exp" / "default"), num_epochs=30, optimizer="scaled_adam",
-                      base_lr=0.045, lr_batches=7500, lr_epochs=3.5, warmup_batches=500, log_interval=50,
-                      valid_interval=3000, save_every_n=4000, keep_last_k=30, average_period=200)
-    p.set_defaults(encoder_schedule_scale=None)  # max-duration / ICEFALL_REF_DURATION unless given
+                      base_lr=0.045, lr_batches=round(7500 * ICEFALL_STEP), lr_epochs=3.5,
+                      warmup_batches=round(500 * ICEFALL_STEP), ref_duration=600.0, encoder_schedule_scale=1.0,
+                      log_interval=50, valid_interval=3000, save_every_n=4000, keep_last_k=30, average_period=200)
     add_data_check_args(p)
     return p
 
@@ -85,12 +89,10 @@ def load_part(args: argparse.Namespace, data: PreparedData, part: str, *, lazy: 
 
 def main() -> None:
     args = get_parser().parse_args()
-    # (distributed) the torchrun process-group setup goes here, first, so that everything below sees its rank
-    if args.encoder_schedule_scale is None:
-        args.encoder_schedule_scale = args.max_duration / ICEFALL_REF_DURATION
+    setup_distributed(args.device)  # under torchrun: join the process group on this rank's device; else nothing
     cfg = train_config_from_args(args)
     Path(args.exp_dir).mkdir(parents=True, exist_ok=True)
-    setup_logging(str(Path(args.exp_dir) / "train.log"))
+    setup_logging(str(Path(args.exp_dir) / "train.log"), rank=get_rank())
     if args.threads:
         torch.set_num_threads(args.threads)
     seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
@@ -98,7 +100,7 @@ def main() -> None:
     tokenizer = Tokenizer(args.bpe_model or data.bpe_model(500))
     model, model_config = build_model_from_args(args, tokenizer)
     # refuse a folder holding another run, or a resume with another model, before reading the manifests
-    prepare_experiment(cfg, model_config=model_config)
+    prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
     # the training manifest stays lazy: the checks stream through it and keep only the ids of bad cuts
     cuts, checks = check_splits(
         {"train": load_part(args, data, data.train_part(args.subset), lazy=True),
