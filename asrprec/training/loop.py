@@ -300,9 +300,10 @@ def _next_batch(batches: Iterator) -> tuple[Any, BaseException | None]:
 def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, policy: PrecisionPolicy, tokenizer,
                cfg: TrainConfig, state: TrainState, save: Callable[[str], Any], want_grad_norm: bool,
                averager: ckpt.RunningAverage | None = None, max_duration: float | None = None
-               ) -> dict[str, float] | None:
-    """Forward, backward and update on one batch; None when the loss is not finite (on any rank: the step is then
-    skipped on every rank, so that all ranks run the same collectives; nothing was updated).
+               ) -> tuple[dict[str, float] | None, list[int]]:
+    """Forward, backward and update on one batch. Returns the batch's statistics and ``[]``, or ``(None, ranks)``
+    when the loss is not finite on ``ranks``: the step is then skipped on every rank (so that all ranks run the
+    same collectives) and nothing was updated.
 
     Any other error saves ``bad-model.pt`` and propagates (an error in the forward pass on one rank is raised on
     every rank); an out-of-memory error also saves the batch and becomes
@@ -313,11 +314,8 @@ def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, po
         loss, info, nonfinite_ranks = forward_on_every_rank(model, batch, tokenizer, policy,
                                                             f"training batch {state.batch_idx_train}")
         if nonfinite_ranks:
-            if get_world_size() > 1:
-                log.warning("batch %d skipped on every rank: non-finite loss on rank(s) %s", state.batch_idx_train,
-                            nonfinite_ranks)
             optimizer.zero_grad(set_to_none=True)
-            return None
+            return None, nonfinite_ranks
         scaler.scale(loss).backward()
         if cfg.grad_clip > 0:
             scaler.unscale_(optimizer)
@@ -330,7 +328,7 @@ def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, po
         optimizer.zero_grad(set_to_none=True)
         if averager is not None:
             averager.maybe_update(bare, state.batch_idx_train)
-        return info
+        return info, []
     except Exception as e:
         save(ckpt.BAD_MODEL_NAME, collective=False)  # the other ranks may not be failing here
         if is_out_of_memory(e) and not isinstance(e, RankFailedError):
@@ -397,11 +395,13 @@ def _train_on(batch: dict[str, Any], e: _Epoch) -> None:
     state.adjusted_batch_count += e.per_step
     set_schedule_counts(bare, e.scheduler, state.adjusted_batch_count, cfg)
     log_now = (progress.batches_done - 1) % cfg.log_interval == 0
-    info = train_step(e.model, batch, optimizer=e.optimizer, scaler=e.scaler, policy=e.policy,
+    info, nonfinite_ranks = train_step(e.model, batch, optimizer=e.optimizer, scaler=e.scaler, policy=e.policy,
                       tokenizer=e.tokenizer, cfg=cfg, state=state, save=e.save, averager=e.averager,
                       want_grad_norm=log_now, max_duration=e.max_duration)
     if info is None:
-        _skip(progress, NONFINITE, list(batch.get("cut_ids", [])), "the loss is not finite", state.batch_idx_train)
+        where = "" if get_world_size() == 1 else f" on rank(s) {nonfinite_ranks} (the step is skipped on every rank)"
+        _skip(progress, NONFINITE, list(batch.get("cut_ids", [])), f"the loss is not finite{where}",
+              state.batch_idx_train)
         return
     progress.steps += 1
     progress.tot_loss += info["loss"]

@@ -274,6 +274,42 @@ def sc_resume(out: Path, rank: int) -> dict:
             "train_loss": [sa.history[-1]["train_loss"], sb.history[-1]["train_loss"]]}
 
 
+class DropoutEncoder(LinearEncoder):
+    """Draws from each rank's own random generator every training step (dropout)."""
+
+    def forward(self, x, lens):
+        y, y_lens = super().forward(x, lens)
+        return nn.functional.dropout(y, 0.3, self.training), y_lens
+
+
+def sc_resume_mid(out: Path, rank: int) -> dict:
+    """2 epochs of 3 steps with a checkpoint after every step, straight; then the same folder cut back to its
+    checkpoint after step 4 (mid epoch 2, as a kill would leave it) and continued with --resume latest. Dropout
+    makes every rank's random draws part of the result."""
+    import shutil
+
+    from asrprec.training import train
+    from asrprec.training.distributed import barrier
+
+    a, b = out / "resume-mid-a", out / "resume-mid-b"
+    data, valid = shard(make_batches(6), rank), shard(make_batches(2, 1), rank)
+    cfg = dict(num_epochs=2, save_every_n=1, keep_last_k=10, seed=5)
+    full = make_model(DropoutEncoder())
+    train(model=full, policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=data, valid_dl=valid,
+          cfg=train_cfg(a, **cfg))
+    if rank == 0:
+        shutil.copytree(a, b)
+        for name in ("epoch-2.pt", "checkpoint-5.pt", "checkpoint-6.pt"):
+            (b / name).unlink()
+    barrier()
+    resumed = make_model(DropoutEncoder())
+    st = train(model=resumed, policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=data, valid_dl=valid,
+               cfg=train_cfg(b, resume="latest", **cfg))
+    torch.save(params(full), out / f"resume-mid-full-rank{rank}.pt")
+    torch.save(params(resumed), out / f"resume-mid-resumed-rank{rank}.pt")
+    return {"batch_idx_train": st.batch_idx_train}
+
+
 def sc_precisions(out: Path, rank: int) -> dict:
     from asrprec.precision import UnsupportedPrecisionError
     from asrprec.training import train
@@ -373,7 +409,7 @@ def sc_nonfinite(out: Path, rank: int) -> dict:
     model = make_model()
     st = train(model=model, policy=get_policy("fp32", DEVICE), tokenizer=Tok(), train_dl=Loader(data, 1.0),
                valid_dl=shard(make_batches(2, 1), rank), cfg=train_cfg(out / "nonfinite", num_epochs=1,
-                                                                        ref_duration=1.0))
+                                                                        ref_duration=1.0, max_skipped_fraction=0.5))
     torch.save(params(model), out / f"nonfinite-rank{rank}.pt")
     return {"warnings": [m for m in messages if "non-finite" in m], "batch_idx_train": st.batch_idx_train,
             "valid_loss": st.history[-1]["valid_loss"]}
