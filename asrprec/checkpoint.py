@@ -47,6 +47,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from asrprec.models.builders import unwrap_model
 from asrprec.rng import get_rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -70,18 +71,7 @@ class CheckpointPolicyWarning(UserWarning):
     """The checkpoint was saved under a different precision policy than the one loading it."""
 
 
-# -- helpers ---------------------------------------------------------------------------------------
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The bare model under DDP / DataParallel (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
-    while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        else:
-            return model
+# -- internals -------------------------------------------------------------------------------------
 
 
 def _optimizer_kind(optimizer: Any) -> str:
@@ -389,8 +379,9 @@ def load_model_weights(model: nn.Module, state: dict[str, torch.Tensor], *, sour
             f"the {source} does not fit this model ({'; '.join(parts)}). The model was built with a different "
             "architecture from the one the checkpoint was trained with. Fix: build the model with the training "
             "run's settings (a recipe's model.json stores the encoder's full config in 'encoder_overrides'; for an "
-            "older experiment add the fields that changed, e.g. {\"frontend_channels\": [8, 32, 128]} for a "
-            "Conformer 'tiny' trained before 2026-12-01)."
+            "experiment whose model.json lacks a field, add the field the run was trained with, e.g. "
+            "--encoder-overrides '{\"frontend_channels\": [8, 32, 128]}' for a Conformer 'tiny' with icefall's "
+            "front-end widths)."
         )
     unwrap_model(model).load_state_dict(state)
 

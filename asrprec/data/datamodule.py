@@ -21,7 +21,6 @@ Rows are sorted by duration, longest first (what packing-based losses and encode
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import warnings
@@ -31,6 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from asrprec._optional import require
+from asrprec.config import strict_from_dict
 from asrprec.data.validate import filter_by_duration
 from asrprec.rng import seed_from, seeded_rng
 
@@ -101,9 +101,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.spec_augment_config, dict):
-            self.spec_augment_config = _from_dict(SpecAugmentConfig, self.spec_augment_config)
+            self.spec_augment_config = strict_from_dict(SpecAugmentConfig, self.spec_augment_config)
         if isinstance(self.noise_mix, dict):
-            self.noise_mix = _from_dict(NoiseMixConfig, self.noise_mix)
+            self.noise_mix = strict_from_dict(NoiseMixConfig, self.noise_mix)
         for name in ("bucketing_buffer_size", "shuffle_buffer_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (or None for lhotse's default), got {getattr(self, name)}")
@@ -117,15 +117,7 @@ class DataConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DataConfig":
         """Build from a plain dict (e.g. YAML); unknown keys are an error."""
-        return _from_dict(cls, d)
-
-
-def _from_dict(cls: type, d: dict[str, Any]) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - names
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} keys {sorted(unknown)}; valid keys: {sorted(names)}")
-    return cls(**d)
+        return strict_from_dict(cls, d)
 
 
 class AsrDataset(torch.utils.data.Dataset):

@@ -5,7 +5,7 @@ PCM delivered to a callback), pick a voice by name (``"en-us+m3"``), set rate / 
 word gap, seed the noise generator, and synthesise one utterance into memory together with the
 word start times that espeak reports as events.
 
-Pitfalls (see REFERENCE.md §5): espeak seeds its noise generator from the clock, so
+Pitfalls: espeak seeds its noise generator from the clock, so
 :meth:`Espeak.synthesize` calls ``espeak_ng_SetRandSeed`` before every utterance; its output also
 depends on what the process synthesised before and nothing resets that, so bit-exact corpora are
 made of fixed shards each synthesised in a fresh process (see :mod:`asrprec.data.synthetic`).

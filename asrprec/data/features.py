@@ -5,7 +5,7 @@ The extractor is lhotse's ``Fbank(FbankConfig(num_mel_bins=80))`` (16 kHz, 25 ms
 ``egs/librispeech/ASR/local/compute_fbank_librispeech.py`` uses it. Feature extraction is an fp32
 island: it runs with autocast disabled whatever precision policy is active.
 
-Pitfall (REFERENCE.md §5): with several extraction jobs each process must run torch with one
+Pitfall: with several extraction jobs each process must run torch with one
 thread, or extraction gets ~6× slower; :func:`compute_fbank` gives lhotse an executor whose workers
 set that up.
 """

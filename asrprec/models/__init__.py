@@ -2,6 +2,7 @@
 
 from .builders import (
     ENCODERS, build_encoder, build_transducer, configure_streaming, count_parameters, resolved_encoder_overrides,
+    unwrap_model,
 )
 from .decoder import Decoder
 from .joiner import Joiner
@@ -12,5 +13,5 @@ from .transducer import LossConfig, Transducer, pruned_loss_scales
 __all__ = [
     "ENCODERS", "Decoder", "Joiner", "LossConfig", "ScheduledFloat", "Transducer", "build_encoder",
     "build_transducer", "configure_streaming", "count_parameters", "make_pad_mask", "pruned_loss_scales",
-    "resolved_encoder_overrides", "set_batch_count", "warmup_fraction",
+    "resolved_encoder_overrides", "set_batch_count", "unwrap_model", "warmup_fraction",
 ]

@@ -3,7 +3,7 @@
 Follows the ideas of Dan Povey's k2-fsa/icefall
 ``egs/librispeech/ASR/pruned_transducer_stateless2/scaling.py`` (our own code; facts and formulas from
 there), with one deliberate change: everything here is *device- and dtype-agnostic*. icefall decorates
-its custom functions with CUDA-only autocast helpers, so they break under CPU autocast and under a
+its custom functions with CUDA-only autocast decorators, so they break under CPU autocast and under a
 whole-model bf16 cast (``torch.cuda.amp.custom_fwd`` covers CUDA autocast only). Here
 
 * statistics (BasicNorm's mean square, ActivationBalancer's per-channel statistics, DoubleSwish's

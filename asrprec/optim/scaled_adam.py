@@ -8,9 +8,9 @@ _size_update, _step, _step_scalar); the code is ours. Differences:
   plain per-parameter one and does not depend on the grouping): it is stacked and written back every step with
   ``torch._foreach_copy_``. The per-tensor loop costs ~20 ops (kernel launches) per tensor, the batched path ~30
   per shape plus the stacking; for the 297 tensors (53 shapes) of the six-stack Zipformer ``tiny`` transducer
-  that is ~6,000 against ~1,600 launches. On a CPU the stacking copies eat the gain (2 threads, measured
-  2026-12-01: six-stack Zipformer tiny 26.8 ms batched vs 31.2 ms per tensor, Conformer tiny 22.8 vs 18.8 ms), so
-  ``batched=None`` (default) batches only parameters that live on an accelerator.
+  that is ~6,000 against ~1,600 launches. On a CPU, where a launch is cheap, the stacking copies cost about what
+  they save (benchmarks/RESULTS.md), so ``batched=None`` (default) batches only parameters that live on an
+  accelerator.
 * State is always float32. For bf16/fp16 parameters the update is computed on an fp32 copy of the parameter
   (kept in state as ``param_fp32``, so rounding does not accumulate) and written back rounded.
 * Gradients that are None are skipped (icefall substitutes zeros).

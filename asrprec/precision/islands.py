@@ -7,7 +7,7 @@ autocast for *every* device type on which it is enabled (CPU and CUDA alike; ice
 ``torch.cuda.amp.custom_fwd`` only covers CUDA, which is why its bf16 training fails on CPU) and, as a
 decorator, promotes half-precision inputs to float32.
 
-Inside a hand-written island (an ``autograd.Function``, say) three small helpers say what the
+Inside a hand-written island (an ``autograd.Function``, say) three small functions say what the
 surrounding precision is and keep float64 exact for ``gradcheck``:
 
 * :func:`upcast` / :func:`upcast_dtype`: float16/bfloat16 -> float32; float32 and float64 unchanged;

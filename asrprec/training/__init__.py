@@ -10,16 +10,14 @@ from .distributed import (
     is_main_process,
     setup_distributed,
     teardown_distributed,
-    unwrap,
 )
 from .experiment import ExperimentError, prepare_experiment, read_model_config
+from .forward import compute_loss, pad_targets
 from .loop import (
     TooManySkippedBatches,
     TrainState,
-    build_optimizer,
-    build_scheduler,
-    compute_loss,
-    pad_targets,
+    optimizer_from_config,
+    scheduler_from_config,
     seed_everything,
     train,
     validate,
@@ -28,7 +26,7 @@ from .resume import ResumeMismatchError
 
 __all__ = [
     "DistributedEnv", "ExperimentError", "RankFailedError", "ResumeMismatchError", "TooManySkippedBatches",
-    "TrainConfig", "TrainState", "build_optimizer", "build_scheduler", "compute_loss", "get_rank", "get_world_size",
-    "is_main_process", "pad_targets", "prepare_experiment", "read_model_config", "seed_everything",
-    "setup_distributed", "teardown_distributed", "train", "unwrap", "validate",
+    "TrainConfig", "TrainState", "compute_loss", "get_rank", "get_world_size", "is_main_process",
+    "optimizer_from_config", "pad_targets", "prepare_experiment", "read_model_config", "scheduler_from_config",
+    "seed_everything", "setup_distributed", "teardown_distributed", "train", "validate",
 ]

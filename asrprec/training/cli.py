@@ -50,7 +50,9 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "conformer", size: str = "tiny") -> None:
+def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "zipformer", size: str = "tiny") -> None:
+    """Model flags; the defaults are the library's recommended setup (Zipformer, pruned RNN-T loss), as
+    :func:`asrprec.models.build_transducer`'s."""
     p.add_argument("--encoder", choices=("conformer", "zipformer"), default=encoder)
     p.add_argument("--size", default=size, help="encoder preset: tiny, small, ... (see asrprec.models)")
     p.add_argument("--encoder-overrides", type=_json_dict, default={}, metavar="JSON",
@@ -65,7 +67,7 @@ def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "conformer", si
     p.add_argument("--left-context-frames", type=_int_list, default=None, metavar="N,N,...",
                    help="causal Zipformer: left contexts in 50 Hz frames, one drawn per batch (default 64,128,256,-1)")
     p.add_argument("--context-size", type=int, default=2)
-    p.add_argument("--loss", choices=LOSSES, default="full",
+    p.add_argument("--loss", choices=LOSSES, default="pruned",
                    help="full: exact RNN-T; pruned: k2-style pruned RNN-T (simple loss + band of --prune-range)")
     p.add_argument("--joint-mode", choices=JOINT_MODES, default="full",
                    help="lean: exact loss computed tile by tile without materialising (B,T,U+1,V) logits")

@@ -87,11 +87,6 @@ def is_main_process() -> bool:
     return get_rank() == 0
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The bare model inside a DistributedDataParallel wrapper (or the model itself)."""
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
 def _torchrun_world() -> tuple[int, int, int] | None:
     """(rank, local_rank, world_size) from torchrun's variables; None without them."""
     present = [v for v in _TORCHRUN_VARS if v in os.environ]

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from asrprec import checkpoint as ckpt
-from asrprec.models.builders import set_batch_count
+from asrprec.models import set_batch_count, unwrap_model
 from asrprec.precision import PrecisionPolicy, effective_dtypes
 from asrprec.rng import get_rng_state, preserved_rng, seed_everything, set_rng_state
 
@@ -59,7 +59,6 @@ from .distributed import (
     raise_failure,
     raise_if_any_failed,
     sum_over_ranks,
-    unwrap,
     wrap_model,
 )
 from .experiment import (
@@ -69,6 +68,7 @@ from .experiment import (
     read_history,
     record_run_start,
 )
+from .forward import compute_loss, pad_targets
 from .oom import (
     describe_batch,
     is_out_of_memory,
@@ -82,8 +82,8 @@ from .tb import SummaryWriterOrNull
 
 log = logging.getLogger("asrprec.train")
 
-__all__ = ["TrainState", "TooManySkippedBatches", "seed_everything", "pad_targets", "compute_loss", "build_optimizer",
-           "build_scheduler", "validate", "train_step", "train_one_epoch", "train"]
+__all__ = ["TrainState", "TooManySkippedBatches", "seed_everything", "pad_targets", "compute_loss",
+           "optimizer_from_config", "scheduler_from_config", "validate", "train_step", "train_one_epoch", "train"]
 
 # batch skip reasons (EpochProgress.skipped keys)
 UNLOADABLE = "unloadable"
@@ -111,38 +111,9 @@ class TrainState:
     progress: EpochProgress | None = None  # the position in the current epoch
 
 
-def pad_targets(token_ids: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id lists → padded (B, U) int64 targets (padding -1) and (B,) lengths."""
-    lens = torch.tensor([len(t) for t in token_ids], dtype=torch.int64)
-    u = int(lens.max()) if len(token_ids) else 0
-    targets = torch.full((len(token_ids), max(u, 1)), -1, dtype=torch.int64)
-    for i, t in enumerate(token_ids):
-        if t:
-            targets[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
-    return targets.to(device), lens.to(device)
-
-
-def compute_loss(
-    model: nn.Module, batch: dict[str, Any], tokenizer, policy: PrecisionPolicy
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Forward one batch under the policy's autocast; return the summed fp32 loss and statistics."""
-    device = policy.device
-    features = batch["features"].to(device)
-    feature_lens = batch["feature_lens"].to(device)
-    targets, target_lens = pad_targets(tokenizer.encode(batch["texts"]), device)
-    with policy.autocast():
-        out = model(features, feature_lens, targets, target_lens)
-    loss = out["loss"]
-    frames = float(out["encoder_out_lens"].sum())
-    info = {"frames": frames, "utterances": float(features.size(0)), "loss": float(loss.detach())}
-    for k in ("simple_loss", "pruned_loss", "transducer_loss"):
-        if k in out:
-            info[k] = float(out[k].detach())
-    return loss, info
-
-
-def build_optimizer(model: nn.Module, cfg: TrainConfig, policy: PrecisionPolicy):
-    """ScaledAdam (icefall's optimizer) or AdamW, wrapped by the policy (fp32 masters under bf16)."""
+def optimizer_from_config(model: nn.Module, cfg: TrainConfig, policy: PrecisionPolicy):
+    """The optimizer ``cfg.optimizer`` names (ScaledAdam, icefall's, or AdamW), built through the policy's
+    :meth:`~asrprec.precision.PrecisionPolicy.build_optimizer` (fp32 master weights under bf16)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "scaled_adam":
         from asrprec.optim import ScaledAdam
@@ -157,7 +128,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, policy: PrecisionPolicy)
     return policy.build_optimizer(params, factory)
 
 
-def build_scheduler(optimizer, cfg: TrainConfig):
+def scheduler_from_config(optimizer, cfg: TrainConfig):
     from asrprec.optim import Eden
 
     return Eden(optimizer, lr_batches=cfg.lr_batches, lr_epochs=cfg.lr_epochs, warmup_batches=cfg.warmup_batches)
@@ -177,7 +148,7 @@ def validate(model: nn.Module, loader: Iterable, tokenizer, policy: PrecisionPol
     The random generators are left as they were (creating a DataLoader iterator draws from them), so validating
     or not cannot change the training that follows. Cuts the loader could not read are logged and left out.
     """
-    model = unwrap(model)
+    model = unwrap_model(model)
     was_training = model.training
     model.eval()
     tot = torch.zeros(2, dtype=torch.float64)
@@ -309,7 +280,7 @@ def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, po
     every rank); an out-of-memory error also saves the batch and becomes
     :class:`~asrprec.training.oom.BatchOutOfMemory`.
     """
-    bare = unwrap(model)
+    bare = unwrap_model(model)
     try:
         loss, info, nonfinite_ranks = forward_on_every_rank(model, batch, tokenizer, policy,
                                                             f"training batch {state.batch_idx_train}")
@@ -390,7 +361,7 @@ class _Epoch:
 def _train_on(batch: dict[str, Any], e: _Epoch) -> None:
     """One usable batch: step (or skip it when its loss is not finite), then log, validate and save as due."""
     state, cfg, progress = e.state, e.cfg, e.state.progress
-    bare = unwrap(e.model)
+    bare = unwrap_model(e.model)
     state.batch_idx_train += 1
     state.adjusted_batch_count += e.per_step
     set_schedule_counts(bare, e.scheduler, state.adjusted_batch_count, cfg)
@@ -620,7 +591,7 @@ def _restore(path: Path, *, model, optimizer, scheduler, scaler, averager, polic
     """Load ``path`` into the training objects and ``state``; return (its random-generator states, a record of
     the resume for the history). The generators are not restored here: the loop does it at the right moment."""
     saved = ckpt.read_checkpoint(path)
-    info = ckpt.load_checkpoint(path, model=unwrap(model), optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+    info = ckpt.load_checkpoint(path, model=unwrap_model(model), optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                 policy=policy, restore_rng=False, checkpoint=saved)
     saved_policy = (info.get("policy") or {}).get("policy")
     if saved_policy is not None and saved_policy != policy.name:
@@ -759,16 +730,16 @@ def train(
     log.info("precision: %s", ", ".join(f"{k}={v}" for k, v in desc.items()))
     log.info("processes: %s", describe())
     log.info("parameter dtypes: %s", ", ".join(f"{k}: {v:,}" for k, v in dtypes.items()))
-    optimizer = build_optimizer(model, cfg, policy)
-    scheduler = build_scheduler(optimizer, cfg)
+    optimizer = optimizer_from_config(model, cfg, policy)
+    scheduler = scheduler_from_config(optimizer, cfg)
     scaler = policy.make_scaler()
-    scaler.watch(unwrap(model))
+    scaler.watch(unwrap_model(model))
     state = TrainState(epoch=cfg.start_epoch)
     full_config = {"train": cfg.to_dict(), **(config_for_checkpoint or {})}
     if model_config is not None:
         full_config.setdefault("model", model_config)
     # rank 0 only: the replicas are identical, and only rank 0 saves
-    averager = ckpt.RunningAverage(unwrap(model), cfg.average_period) \
+    averager = ckpt.RunningAverage(unwrap_model(model), cfg.average_period) \
         if cfg.average_period and is_main_process() else None
 
     def save(name: str, *, collective: bool = True) -> None:
@@ -778,7 +749,7 @@ def train(
         # by the batches its DataLoader workers prefetched)
         extra = _extra(state) if collective or get_world_size() == 1 else None
         if is_main_process():
-            ckpt.save_checkpoint(exp_dir / name, model=unwrap(model), optimizer=optimizer, scheduler=scheduler,
+            ckpt.save_checkpoint(exp_dir / name, model=unwrap_model(model), optimizer=optimizer, scheduler=scheduler,
                                  scaler=scaler, policy=policy, config=full_config, model_avg=averager,
                                  extra=extra if extra is not None else {"epoch": state.epoch,
                                                                         "batch_idx_train": state.batch_idx_train})

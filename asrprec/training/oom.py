@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from asrprec.models.builders import set_batch_count
+from asrprec.models import set_batch_count, unwrap_model
 from asrprec.precision import PrecisionPolicy
 from asrprec.rng import get_rng_state, set_rng_state
 
-from .distributed import unwrap
+from .forward import compute_loss
 
 log = logging.getLogger("asrprec.train")
 
@@ -107,15 +107,13 @@ def scan_pessimistic_batches(
     """
     from lhotse.dataset.sampling.utils import find_pessimistic_batches
 
-    from .loop import compute_loss
-
     sampler, dataset = getattr(train_dl, "sampler", None), getattr(train_dl, "dataset", None)
     if sampler is None or dataset is None:
         raise ValueError("scan_pessimistic_batches needs a DataLoader with a lhotse sampler and a dataset that "
                          "maps a CutSet to a batch; pass scan_oom='off' for other loaders")
     batches, scores = find_pessimistic_batches(sampler)
     max_duration = sampler_max_duration(sampler)
-    bare = unwrap(model)
+    bare = unwrap_model(model)
     rng = get_rng_state()
     buffers = {name: b.detach().clone() for name, b in bare.named_buffers()}
     counts = [(m, m.batch_count) for m in bare.modules() if hasattr(m, "batch_count")]

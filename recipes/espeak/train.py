@@ -30,28 +30,26 @@ HERE = Path(__file__).resolve().parent
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=HERE / "data")
-    # Small batches: on this corpus the number of updates matters more than batch size (measured).
+    # Small batches: on this corpus the number of updates matters more than batch size.
     p.add_argument("--max-duration", type=float, default=30.0, help="seconds of audio per batch")
     p.add_argument("--num-workers", type=int, default=0, help="dataloader workers")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--no-spec-augment", dest="spec_augment", action="store_false")
-    # No Conformer warm-up bypass: with 300 batches of it the valid loss sat on a plateau for ~4 epochs
-    # (0.49/frame at epoch 5 vs 0.25 without; measured 2026-12-01).
+    # No Conformer warm-up bypass: with 300 batches of it the valid loss sat on a start-up plateau for ~4 of the
+    # recipe's 10 epochs (0.49/frame at epoch 5 against 0.25 without).
     p.add_argument("--model-warmup-batches", type=int, default=0,
                    help="Conformer warm-up: layers are bypassed 0.9 -> 0 over this many batches")
     add_precision_args(p)
-    # The Zipformer by default, as in icefall: on this recipe it matched or beat the Conformer `tiny` in the same
-    # wall time with much less spread between runs (greedy test WER 8.04-8.87 % in three runs against 7.14-15.35 %
-    # in thirteen Conformer runs; README, "Measured").
+    # The Zipformer by default, as in icefall: on this recipe it matches or beats the Conformer `tiny` in the same
+    # wall time, with much less spread between runs (benchmarks/RESULTS.md).
     add_model_args(p, encoder="zipformer", size="tiny")
     # The pruned loss's "simple" term gives the encoder a direct content signal; with the full loss the
-    # tiny model stayed at 100 % WER within the time budget (README, "Measured").
-    # A slow loss-scale ramp (icefall's warm_step) keeps the simple loss dominant for the whole short run:
-    # valid loss/frame at epoch 5 was 0.21 with 4000 and 0.25 with 2000 (no model warm-up); with the old 300-batch
-    # model warm-up, 300 gave 0.58 against 0.49 for 2000 (measured 2026-12-01).
+    # tiny model stays at 100 % WER within the time budget.
+    # A slow loss-scale ramp (icefall's warm_step) keeps the simple loss dominant for the whole short run
+    # (valid loss/frame at epoch 5: 0.21 with 4000 batches, 0.25 with 2000).
     # The Zipformer's own schedules (layer skipping, balancer and whitening probabilities) are written for tens of
-    # thousands of batches: run them 30x faster here (epoch-3 valid loss 0.46 at 10x vs 0.55 at 1x; the Zipformer
-    # runs since the fourth session used 30x). The Conformer has no such schedules.
+    # thousands of batches: run them 30x faster here (epoch-3 valid loss 0.46 at 10x against 0.55 at 1x). The
+    # Conformer has no such schedules.
     p.set_defaults(loss="pruned", loss_warmup_batches=4000)
     # Defaults tuned for the tiny corpus: a few hundred batches in total, so a short LR schedule, and the running
     # average of the weights (decode.py --use-averaged-model) sampled every 10 batches rather than icefall's 200

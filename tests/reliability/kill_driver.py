@@ -133,7 +133,7 @@ def _warm_up(data: Path) -> None:
     """Import in the parent what every child needs (building an optimizer imports torch._dynamo, seconds)."""
     from asrprec.data import AsrDataModule, DataConfig  # noqa: F401
     from asrprec.tokenizer import Tokenizer
-    from asrprec.training import build_optimizer  # noqa: F401
+    from asrprec.training import optimizer_from_config  # noqa: F401
 
     harness.build_model(Tokenizer(data / "bpe.model"))
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)

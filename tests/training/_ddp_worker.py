@@ -169,9 +169,9 @@ class Recording:
 
 
 def params(model: nn.Module) -> dict[str, torch.Tensor]:
-    from asrprec.training import unwrap
+    from asrprec.models import unwrap_model
 
-    return {k: v.detach().float().cpu().clone() for k, v in unwrap(model).state_dict().items()}
+    return {k: v.detach().float().cpu().clone() for k, v in unwrap_model(model).state_dict().items()}
 
 
 def _error(e: BaseException) -> dict:

@@ -146,7 +146,9 @@ def test_causal_flags_become_zipformer_overrides():
                                                  "left_context_frames": [64, -1]}
     assert encoder_overrides_from_args(p.parse_args(["--encoder", "zipformer"])) == {}
     with pytest.raises(ValueError, match="need --encoder zipformer"):
-        encoder_overrides_from_args(p.parse_args(["--causal"]))  # the default encoder is the Conformer
+        encoder_overrides_from_args(p.parse_args(["--encoder", "conformer", "--causal"]))
+    defaults = p.parse_args([])  # the library's recommended setup, as build_transducer's defaults
+    assert (defaults.encoder, defaults.loss) == ("zipformer", "pruned")
     with pytest.raises(ValueError, match="add --causal"):
         encoder_overrides_from_args(p.parse_args(["--encoder", "zipformer", "--chunk-size", "32"]))
     for bad in ("16,x", "16,0", "-2"):
@@ -182,3 +184,11 @@ def test_running_average_is_kept_saved_and_resumed(tmp_path):
     train(model=make_model(), policy=policy, tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
           cfg=cfg(off, num_epochs=1, average_period=0))
     assert "model_avg" not in torch.load(off / "epoch-1.pt", weights_only=True)
+
+
+def test_train_config_from_dict_names_a_misspelt_key():
+    from asrprec.training import TrainConfig
+
+    assert TrainConfig.from_dict({"exp_dir": "x", "num_epochs": 3}).num_epochs == 3
+    with pytest.raises(ValueError, match=r"unknown TrainConfig keys \['num_epoch'\] \(did you mean 'num_epochs'"):
+        TrainConfig.from_dict({"exp_dir": "x", "num_epoch": 3})

@@ -6,7 +6,7 @@ import torch
 
 from asrprec.models import build_transducer
 from asrprec.precision import POLICIES, get_policy
-from asrprec.training import TrainConfig, build_optimizer, build_scheduler, compute_loss
+from asrprec.training import TrainConfig, optimizer_from_config, scheduler_from_config, compute_loss
 
 
 class CharTokenizer:
@@ -30,8 +30,8 @@ def test_finite_step_every_policy(name, encoder, tmp_path):
     policy = get_policy(name, "cpu")
     model = policy.prepare_model(build_transducer(encoder=encoder, size="tiny", vocab_size=6))
     cfg = TrainConfig(exp_dir=str(tmp_path), optimizer="adamw", base_lr=1e-3)
-    opt = build_optimizer(model, cfg, policy)
-    sched = build_scheduler(opt, cfg)
+    opt = optimizer_from_config(model, cfg, policy)
+    sched = scheduler_from_config(opt, cfg)
     scaler = policy.make_scaler()
     scaler.watch(model)
     # the tensors the optimizer updates: the model's parameters, or their fp32 masters under bf16
