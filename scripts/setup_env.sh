@@ -7,6 +7,6 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import asrprec, torch, lhotse, numba, sentencepiece, espeakng_loader, scipy, pytest" 2>/dev/null; then
+if ! .venv/bin/python -c "import asrprec, torch, lhotse, numba, sentencepiece, espeakng_loader, scipy, matplotlib, pytest" 2>/dev/null; then
   .venv/bin/pip install --quiet --disable-pip-version-check -e ".[dev,synth,torchaudio]"
 fi

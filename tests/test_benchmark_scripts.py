@@ -44,3 +44,22 @@ def test_streaming_benchmark_prints_a_row_per_setting():
     # every cache is held in the policy's dtype: bf16 state is half of fp32's (the frame counter aside)
     fp32_kib, bf16_kib = float(rows[0][4].split()[0]), float(rows[2][4].split()[0])
     assert abs(bf16_kib - fp32_kib / 2) <= 1
+
+
+def test_plots_render_every_figure_the_readme_shows(tmp_path):
+    """benchmarks/plots.py draws each figure from benchmarks/data/results.json; README.md shows each one, and the
+    committed PNGs in docs/ are the ones it draws."""
+    import importlib.util
+    import re
+
+    assert importlib.util.find_spec("matplotlib") is not None, "matplotlib is part of the dev extra"
+    spec = importlib.util.spec_from_file_location("asrprec_bench_plots", ROOT / "benchmarks" / "plots.py")
+    plots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plots)
+    paths = plots.render_all(ROOT / "benchmarks" / "data" / "results.json", tmp_path)
+    readme = (ROOT / "README.md").read_text()
+    shown = set(re.findall(r"\(docs/([\w-]+\.png)\)", readme))
+    assert {p.name for p in paths} == shown
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+        assert (ROOT / "docs" / p.name).is_file(), f"docs/{p.name} is not committed; run python benchmarks/plots.py"

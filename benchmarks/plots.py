@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Render the benchmark results as PNG figures for README.md (matplotlib; pip extra ``plots``).
+
+    python benchmarks/plots.py                       # benchmarks/data/results.json -> docs/*.png
+    python benchmarks/plots.py --out /tmp/figures
+
+The numbers come from ``benchmarks/data/results.json``, which records what the benchmark scripts printed
+(each section names its command, hardware and date; ``benchmarks/RESULTS.md`` has the tables). Figures:
+
+* ``loss_backends.png``: RNN-T loss forward+backward time and extra memory on CPU, asrprec's numba backend
+  against torchaudio, per logits dtype;
+* ``memory_per_policy.png``: activation memory saved for backward (measured) and the projected GPU peak of a
+  Zipformer step (fake tensors, labelled as a projection) per precision policy;
+* ``recipe_training.png``: the embedded recipe's validation loss per epoch and its test WER per precision policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+POLICIES = ("fp32", "amp-fp16", "amp-bf16", "bf16")
+COLORS = dict(zip(POLICIES, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("benchmarks/plots.py needs matplotlib: pip install 'asrprec[plots]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_loss_backends(data: dict, out: Path) -> Path:
+    plt = _pyplot()
+    rows = data["rnnt_loss_cpu"]["rows"]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    names = {shape: chr(ord("A") + i) for i, shape in enumerate(shapes)}
+    labels = [f"{r['dtype']}, {names[r['shape']]}" for r in rows]
+    legend = "; ".join(f"{names[s]} = (B,T,U,V) {s}" for s in shapes)
+    x = range(len(rows))
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_t.bar([i - 0.2 for i in x], [r["numba_ms"] for r in rows], 0.4, label="asrprec numba")
+    peers = [(i, r["torchaudio_ms"]) for i, r in zip(x, rows) if r["torchaudio_ms"]]
+    ax_t.bar([i + 0.2 for i, _ in peers], [v for _, v in peers], 0.4, label="torchaudio")
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("forward + backward (ms, log scale)")
+    ax_t.set_title("RNN-T loss on CPU")
+    ax_t.set_xticks(list(x), labels, fontsize=8)
+    ax_t.legend()
+    ax_m.bar(list(x), [r["extra_mb"] for r in rows], 0.5, color="tab:green")
+    ax_m.set_ylabel("extra peak memory in forward+backward (MB)")
+    ax_m.set_title("asrprec numba: extra memory = 1.0-1.05x the logits")
+    ax_m.set_xticks(list(x), labels, fontsize=8)
+    fig.text(0.01, 0.01, f"{legend}. {data['rnnt_loss_cpu']['source']}", fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    path = out / "loss_backends.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _bars_by_preset(ax, rows: list[dict], key: str = "mb") -> None:
+    presets = list(dict.fromkeys(r["preset"] for r in rows))
+    policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
+    width = 0.8 / len(policies)
+    for j, policy in enumerate(policies):
+        xs, ys = [], []
+        for i, preset in enumerate(presets):
+            match = [r[key] for r in rows if r["preset"] == preset and r["policy"] == policy]
+            if match:
+                xs.append(i + (j - (len(policies) - 1) / 2) * width)
+                ys.append(match[0])
+        ax.bar(xs, ys, width, label=policy, color=COLORS[policy])
+    ax.set_xticks(range(len(presets)), presets)
+    ax.legend(fontsize=8)
+
+
+def plot_memory(data: dict, out: Path) -> Path:
+    plt = _pyplot()
+    fig, (ax_a, ax_p) = plt.subplots(1, 2, figsize=(11, 4))
+    _bars_by_preset(ax_a, data["activation_memory"]["rows"])
+    ax_a.set_ylabel("saved for backward (MB)")
+    ax_a.set_title("Zipformer activations, B=4 x 10 s (measured, CPU)")
+    _bars_by_preset(ax_p, data["gpu_memory_projection"]["rows"])
+    ax_p.set_ylabel("peak (MB)")
+    ax_p.set_title("Zipformer step, 64 x 15 s: PROJECTED GPU peak")
+    fig.text(0.01, 0.01, "projection: " + data["gpu_memory_projection"]["source"], fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    path = out / "memory_per_policy.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_recipe(data: dict, out: Path) -> Path:
+    plt = _pyplot()
+    fig, (ax_l, ax_w) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, losses in data["recipe_valid_loss"]["runs"].items():
+        ax_l.plot(range(1, len(losses) + 1), losses, marker="o", label=name)
+    ax_l.set_xlabel("epoch")
+    ax_l.set_ylabel("validation loss per frame")
+    ax_l.set_title("Embedded recipe: validation loss")
+    ax_l.legend(fontsize=8)
+    rows = data["recipe_wer_by_policy"]["rows"]
+    labels = [r["policy"] for r in rows]
+    x = range(len(rows))
+    ax_w.bar([i - 0.2 for i in x], [r["greedy"] for r in rows], 0.4, label="greedy")
+    ax_w.bar([i + 0.2 for i in x], [r["beam4"] for r in rows], 0.4, label="modified beam search, beam 4")
+    ax_w.set_xticks(list(x), labels)
+    ax_w.set_ylabel("test WER (%)")
+    ax_w.set_title("Embedded recipe: WER per precision policy")
+    ax_w.legend(fontsize=8)
+    fig.text(0.01, 0.01, data["recipe_wer_by_policy"]["source"], fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    path = out / "recipe_training.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def render_all(results: Path, out: Path) -> list[Path]:
+    data = json.loads(Path(results).read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    return [plot_loss_backends(data, out), plot_memory(data, out), plot_recipe(data, out)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", type=Path, default=HERE / "data" / "results.json")
+    p.add_argument("--out", type=Path, default=HERE.parent / "docs")
+    args = p.parse_args()
+    for path in render_all(args.results, args.out):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
