@@ -1,6 +1,6 @@
 """The one place where optional dependencies are probed and imported.
 
-Every optional package (torchaudio, k2, numba-cuda, espeakng-loader) is imported lazily through
+Every optional package (torchaudio, k2, numba-cuda, espeakng-loader, onnx, onnxruntime) is imported lazily through
 :func:`require`, so importing :mod:`asrprec` never needs them, and a missing one raises an
 ImportError that names the pip extra to install.
 """
@@ -21,6 +21,10 @@ _HINTS: dict[str, tuple[str, str]] = {
     "numba.cuda": ("pip install 'asrprec[cuda]'", "the numba-cuda RNN-T loss kernels"),
     "espeakng_loader": ("pip install 'asrprec[synth]'", "the synthetic espeak-ng speech corpus"),
     "numba": ("pip install numba", "the numba CPU RNN-T loss"),
+    "onnx": ("pip install 'asrprec[export]'", "ONNX export"),
+    "onnxscript": ("pip install 'asrprec[export]'", "ONNX export (torch.onnx.export with dynamo=True)"),
+    "onnxruntime": ("pip install 'asrprec[export]'", "running exported ONNX models"),
+    "sherpa_onnx": ("pip install 'asrprec[export]'", "decoding with sherpa-onnx"),
 }
 
 

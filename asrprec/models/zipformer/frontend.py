@@ -25,6 +25,7 @@ from .scaling import (
     ScheduledFloat,
     SwooshR,
     Whiten,
+    _is_exporting,
     act_dropout_linear,
     linear,
 )
@@ -150,7 +151,8 @@ class Conv2dSubsampling(nn.Module):
         out_lens = torch.div(x_lens - 7, 2, rounding_mode="floor")
         t = x.shape[2]
         valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)  # (B, T')
-        if not bool(valid.all()):
+        # (the .all() test saves a multiply when nothing is padded; an exported graph cannot branch on data)
+        if _is_exporting() or not bool(valid.all()):
             x = x * valid[:, None, :, None].to(x.dtype)
         if self.convnext is not None:
             x = self.convnext(x)

@@ -33,6 +33,7 @@ from .scaling import (
     autocast_off,
     bypass,
     limit_param_value,
+    _is_exporting,
     _up,
     whitening_schedule,
 )
@@ -345,12 +346,6 @@ class Zipformer2Encoder(nn.Module):
         return [c for layer in self.layers for c in layer.init_caches(batch_size, left_context_len, device, dtype)]
 
 
-def _is_exporting() -> bool:
-    """True inside ``torch.export`` (``torch.compiler.is_exporting``, missing from older torch versions)."""
-    probe = getattr(torch.compiler, "is_exporting", None)
-    return bool(probe()) if probe is not None else False
-
-
 def _ds_mask(mask: Optional[Tensor], ds: int) -> Optional[Tensor]:
     return None if mask is None else mask[:, ::ds]
 
@@ -369,7 +364,11 @@ class _SimpleDownsampleFunction(torch.autograd.Function):
         pad = d_t * ds - t
         with autocast_off(src):
             w = _up(bias).softmax(dim=0)
-            src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
+            if _is_exporting():
+                # the same frames by indexing (last index repeated): a graph for every T, with no branch on T
+                src_p = src.index_select(0, torch.arange(d_t * ds, device=src.device).clamp(max=t - 1))
+            else:
+                src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
             out = (src_p.reshape(d_t, ds, b, c) * w.to(src.dtype).reshape(1, ds, 1, 1)).sum(dim=1)
         # in its own dtype: the weights' gradient cancels strongly (adjacent frames are alike), so a bf16 copy
         # would make it mostly noise

@@ -51,6 +51,12 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
+def _is_exporting() -> bool:
+    """True inside ``torch.export`` (``torch.compiler.is_exporting``, missing from older torch versions)."""
+    probe = getattr(torch.compiler, "is_exporting", None)
+    return bool(probe()) if probe is not None else False
+
+
 @contextlib.contextmanager
 def autocast_off(x: Tensor) -> Iterator[None]:
     """Disable autocast for the device of ``x`` (a no-op on devices without autocast)."""
