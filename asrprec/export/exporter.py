@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
@@ -96,9 +97,28 @@ def read_metadata(path: Path | str) -> Dict[str, str]:
     return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
 
 
+def _rename_dims(model: Any, axis_names: Sequence[Dict[int, str]]) -> None:
+    """Name the dynamic axes as icefall does (``N``, ``T``) instead of torch.export's symbols (``s27``), in the
+    inputs and in every shape expression of the graph that mentions them."""
+    rename: Dict[str, str] = {}
+    for value, axes in zip(model.graph.input, axis_names):
+        dims = value.type.tensor_type.shape.dim
+        for axis, name in axes.items():
+            if dims[axis].dim_param:
+                rename[dims[axis].dim_param] = name
+    if not rename:
+        return
+    pattern = re.compile(r"\b(" + "|".join(re.escape(k) for k in rename) + r")\b")
+    for value in (*model.graph.input, *model.graph.output, *model.graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = pattern.sub(lambda m: rename[m.group(1)], dim.dim_param)
+
+
 def _export_graph(module: nn.Module, args: tuple, path: Path, input_names: Sequence[str],
-                  output_names: Sequence[str], dynamic_shapes: Any, metadata: Dict[str, str],
-                  opset: Optional[int]) -> Path:
+                  output_names: Sequence[str], dynamic_shapes: Any, axis_names: Sequence[Dict[int, str]],
+                  metadata: Dict[str, str], opset: Optional[int]) -> Path:
+    _require_export_packages()
     onnx = require("onnx")
     module.eval()
     with torch.no_grad():
@@ -109,6 +129,7 @@ def _export_graph(module: nn.Module, args: tuple, path: Path, input_names: Seque
         onnx_program = torch.onnx.export(program, (), dynamo=True, external_data=False, opset_version=opset,
                                          input_names=list(input_names), output_names=list(output_names))
     model = onnx_program.model_proto
+    _rename_dims(model, axis_names)
     _set_metadata(model, metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
@@ -167,7 +188,6 @@ def write_tokens(tokenizer: Any, path: Path | str, vocab_size: Optional[int] = N
 
 def _prepare(model: nn.Module) -> nn.Module:
     _check_torch()
-    _require_export_packages()
     encoder_family(model)  # raises for other encoders
     param = next(model.parameters())
     if param.dtype != torch.float32:
@@ -182,7 +202,7 @@ def _export_decoder_joiner(model: nn.Module, out_dir: Path, opset: Optional[int]
     y = torch.full((_EXAMPLE_BATCH, dec.context_size), dec.blank_id, dtype=torch.int64)
     y[0, 0] = -1  # the example holds sherpa-onnx's start context
     decoder_path = _export_graph(
-        ProjectedDecoder(model), (y,), out_dir / "decoder.onnx", ["y"], ["decoder_out"], ({0: n},),
+        ProjectedDecoder(model), (y,), out_dir / "decoder.onnx", ["y"], ["decoder_out"], ({0: n},), [{0: "N"}],
         {**_common_metadata(model, "decoder"), "vocab_size": str(dec.vocab_size),
          "context_size": str(dec.context_size)}, opset)
     j = joiner.joiner_dim
@@ -190,7 +210,7 @@ def _export_decoder_joiner(model: nn.Module, out_dir: Path, opset: Optional[int]
     dout = torch.randn(_EXAMPLE_BATCH, j)
     joiner_path = _export_graph(
         JoinerHead(model), (enc, dout), out_dir / "joiner.onnx", ["encoder_out", "decoder_out"], ["logit"],
-        ({0: n}, {0: n}), {**_common_metadata(model, "joiner"), "joiner_dim": str(j)}, opset)
+        ({0: n}, {0: n}), [{0: "N"}, {0: "N"}], {**_common_metadata(model, "joiner"), "joiner_dim": str(j)}, opset)
     return decoder_path, joiner_path
 
 
@@ -215,9 +235,10 @@ def export_offline(model: nn.Module, tokenizer: Any, out_dir: Path | str, *, chu
     family = encoder_family(model)
     _check_offline_chunking(model, chunk_size, left_context_frames)
     n = _dim("N", min=1, max=_MAX_BATCH)
-    # Zipformer: below 17 frames the slowest stack has a single frame, which torch.export will not trace as a
-    # general length; the graph still runs there (the parity tests check 9..16). Conformer: 7 frames give one.
-    t = _dim("T", min=17 if family == "zipformer" else 7)
+    # torch.export traces lengths of 2 and more as general lengths; the shortest input whose every intermediate
+    # length is >= 2 is 17 frames (Zipformer: its slowest stack) and 11 (Conformer). The graph also runs on the
+    # shorter inputs the encoders accept (9 and 7 frames), which the parity tests check.
+    t = _dim("T", min=17 if family == "zipformer" else 11)
     frames = 203  # odd, so no stack's length is a multiple of its downsampling
     x = torch.randn(_EXAMPLE_BATCH, frames, _num_features(model))
     x_lens = torch.tensor([frames, frames - 40], dtype=torch.int64)
@@ -227,7 +248,8 @@ def export_offline(model: nn.Module, tokenizer: Any, out_dir: Path | str, *, chu
         meta.update(chunk_size=str(chunk_size), left_context_frames=str(left_context_frames))
     encoder_path = _export_graph(
         OfflineEncoder(model, chunk_size, left_context_frames), (x, x_lens), out_dir / "encoder.onnx",
-        ["x", "x_lens"], ["encoder_out", "encoder_out_lens"], ({0: n, 1: t}, {0: n}), meta, opset)
+        ["x", "x_lens"], ["encoder_out", "encoder_out_lens"], ({0: n, 1: t}, {0: n}), [{0: "N", 1: "T"}, {0: "N"}],
+        meta, opset)
     decoder_path, joiner_path = _export_decoder_joiner(model, out_dir, opset)
     tokens = write_tokens(tokenizer, out_dir / "tokens.txt", model.decoder.vocab_size)
     return ExportedModel(encoder_path, decoder_path, joiner_path, tokens, streaming=False)
@@ -254,11 +276,11 @@ def export_streaming(model: nn.Module, tokenizer: Any, out_dir: Path | str, *, c
     states = layout.init_states(_EXAMPLE_BATCH)
     names = layout.state_names()
     x = torch.randn(_EXAMPLE_BATCH, layout.T, _num_features(model))
-    dynamic = ({0: n},) + tuple({d: n} for d in layout.state_batch_dims())
+    dynamic = ({0: n}, tuple({d: n} for d in layout.state_batch_dims()))  # forward(x, *states)
     encoder_path = _export_graph(
         StreamingEncoder(model, layout), (x, *states), out_dir / "encoder.onnx", ["x", *names],
         ["encoder_out", *[f"new_{s}" for s in names]], dynamic,
-        {**_common_metadata(model, "streaming encoder"), **layout.metadata()}, opset)
+        [{0: "N"}] + [{d: "N"} for d in layout.state_batch_dims()], {**_common_metadata(model, "streaming encoder"), **layout.metadata()}, opset)
     decoder_path, joiner_path = _export_decoder_joiner(model, out_dir, opset)
     tokens = write_tokens(tokenizer, out_dir / "tokens.txt", model.decoder.vocab_size)
     return ExportedModel(encoder_path, decoder_path, joiner_path, tokens, streaming=True)

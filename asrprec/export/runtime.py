@@ -52,7 +52,7 @@ def _metadata(session) -> Dict[str, str]:
 class _DecoderJoiner:
     """The decoder and joiner graphs and the greedy step shared by offline and streaming decoding."""
 
-    def __init__(self, decoder: Path | str, joiner: Path | str, num_threads: int):
+    def __init__(self, decoder: Path | str, joiner: Path | str, num_threads: int, unk_id: Optional[int]):
         self.decoder = _session(decoder, num_threads)
         self.joiner = _session(joiner, num_threads)
         meta = _metadata(self.decoder)
@@ -62,6 +62,8 @@ class _DecoderJoiner:
         self.vocab_size = int(meta["vocab_size"])
         self.context_size = int(meta["context_size"])
         self.blank_id = 0  # sherpa-onnx's fixed blank
+        # sherpa-onnx treats the token named <unk> as a blank: not emitted, not fed back to the decoder
+        self.unk_id = unk_id
 
     def start_contexts(self, n: int) -> np.ndarray:
         """(n, C) int64 start contexts ``[-1] * (C - 1) + [blank]``."""
@@ -82,13 +84,15 @@ class _DecoderJoiner:
     def greedy_frames(self, encoder_out: np.ndarray, lens: np.ndarray, hyps: List[List[int]], contexts: np.ndarray,
                       dec: np.ndarray) -> None:
         """Greedy search over (n, T', J) ``encoder_out`` (``lens`` valid frames per row), at most one symbol per
-        frame, updating ``hyps``, ``contexts`` (n, C) and ``dec`` (n, J) in place."""
+        frame (``unk_id`` counting as blank), updating ``hyps``, ``contexts`` (n, C) and ``dec`` (n, J) in place."""
         for t in range(encoder_out.shape[1]):
             rows = np.nonzero(lens > t)[0]
             if rows.size == 0:
                 break
             tokens = self.logits(encoder_out[rows, t], dec[rows]).argmax(axis=-1)
             emitted = tokens != self.blank_id
+            if self.unk_id is not None:
+                emitted &= tokens != self.unk_id
             rows, tokens = rows[emitted], tokens[emitted]
             if rows.size == 0:
                 continue
@@ -103,8 +107,9 @@ class OnnxOfflineModel(_DecoderJoiner):
 
     streaming = False
 
-    def __init__(self, encoder: Path | str, decoder: Path | str, joiner: Path | str, num_threads: int = 1):
-        super().__init__(decoder, joiner, num_threads)
+    def __init__(self, encoder: Path | str, decoder: Path | str, joiner: Path | str, num_threads: int = 1,
+                 unk_id: Optional[int] = None):
+        super().__init__(decoder, joiner, num_threads, unk_id)
         self.encoder = _session(encoder, num_threads)
         self.metadata = _metadata(self.encoder)
         if "decode_chunk_len" in self.metadata:
@@ -136,8 +141,9 @@ class OnnxStreamingModel(_DecoderJoiner):
 
     streaming = True
 
-    def __init__(self, encoder: Path | str, decoder: Path | str, joiner: Path | str, num_threads: int = 1):
-        super().__init__(decoder, joiner, num_threads)
+    def __init__(self, encoder: Path | str, decoder: Path | str, joiner: Path | str, num_threads: int = 1,
+                 unk_id: Optional[int] = None):
+        super().__init__(decoder, joiner, num_threads, unk_id)
         self.encoder = _session(encoder, num_threads)
         meta = self.metadata = _metadata(self.encoder)
         keys = ("encoder_dims", "num_encoder_layers", "query_head_dims", "value_head_dims", "num_heads",
@@ -218,10 +224,12 @@ class OnnxStreamingModel(_DecoderJoiner):
         return hyps
 
 
-def load_onnx_model(model_dir: Path | str, variant: Optional[str] = None,
-                    num_threads: int = 1) -> Union[OnnxOfflineModel, OnnxStreamingModel]:
+def load_onnx_model(model_dir: Path | str, variant: Optional[str] = None, num_threads: int = 1,
+                    unk_as_blank: bool = True) -> Union[OnnxOfflineModel, OnnxStreamingModel]:
     """The exported model in ``model_dir`` (``encoder.onnx`` ... or, with ``variant="int8"``/``"fp16"``,
-    ``encoder.int8.onnx`` ...), offline or streaming as its encoder's metadata says."""
+    ``encoder.int8.onnx`` ...), offline or streaming as its encoder's metadata says. ``unk_as_blank``: the token
+    tokens.txt names ``<unk>`` counts as a blank in the search, as in sherpa-onnx."""
+    require("onnxruntime")
     model_dir = Path(model_dir)
     suffix = f".{variant}" if variant else ""
     paths = [model_dir / f"{part}{suffix}.onnx" for part in ("encoder", "decoder", "joiner")]
@@ -231,4 +239,11 @@ def load_onnx_model(model_dir: Path | str, variant: Optional[str] = None,
                                 f"export.py{' --' + variant if variant else ''})")
     encoder_meta = _metadata(_session(paths[0], 1))
     cls = OnnxStreamingModel if "decode_chunk_len" in encoder_meta else OnnxOfflineModel
-    return cls(*paths, num_threads=num_threads)
+    unk_id = None
+    tokens = model_dir / "tokens.txt"
+    if unk_as_blank and tokens.is_file():
+        for line in tokens.read_text(encoding="utf-8").splitlines():
+            fields = line.split()
+            if len(fields) == 2 and fields[0] == "<unk>":
+                unk_id = int(fields[1])
+    return cls(*paths, num_threads=num_threads, unk_id=unk_id)
