@@ -39,6 +39,8 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--splits", nargs="+", default=["test", "dev"])
     p.add_argument("--max-duration", type=float, default=300.0)
     p.add_argument("--num-threads", type=int, default=1)
+    p.add_argument("--batch", type=int, default=8,
+                   help="utterances per encoder call (int8 quantises activations with one scale per call)")
     p.add_argument("--reference", type=Path, nargs="*", default=[],
                    help="recogs files to compare with (the split is read from each file's name)")
     return p
@@ -54,15 +56,18 @@ def decode_split(args, model, tokenizer, cuts, data, streaming):
         seconds = sum(c.duration for c in cuts)
         with meter.measure(audio_seconds=seconds):
             hyps = recognize(args.onnx_dir, waves, streaming=streaming, variant=args.variant,
-                             num_threads=args.num_threads)
+                             num_threads=args.num_threads, batch=args.batch)
         for cut, hyp in zip(cuts, hyps):
             results.append((cut.id, cut.supervisions[0].text.split(), tokenizer.decode(hyp).split()))
         return results, meter
     for batch in data.test_dataloader(cuts):
-        with meter.measure(audio_seconds=float(batch["feature_lens"].sum()) * 0.01):
-            hyps = model.decode(batch["features"], batch["feature_lens"])
-        for cut_id, ref, hyp in zip(batch["cut_ids"], batch["texts"], hyps):
-            results.append((cut_id, ref.split(), tokenizer.decode(hyp).split()))
+        for i in range(0, len(batch["cut_ids"]), args.batch):
+            part = slice(i, i + args.batch)
+            lens = batch["feature_lens"][part]
+            with meter.measure(audio_seconds=float(lens.sum()) * 0.01):
+                hyps = model.decode(batch["features"][part, : int(lens.max())], lens)
+            for cut_id, ref, hyp in zip(batch["cut_ids"][part], batch["texts"][part], hyps):
+                results.append((cut_id, ref.split(), tokenizer.decode(hyp).split()))
     return results, meter
 
 
