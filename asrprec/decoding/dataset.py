@@ -16,11 +16,13 @@ FRAME_SHIFT_S = 0.01  # 100 Hz fbank
 def decode_dataset(
     model: nn.Module, loader: Iterable[dict], tokenizer, options, device: torch.device | str = "cpu",
     streaming: tuple[int, int] | None = None,
+    whole_chunks_only: bool = False,
 ) -> tuple[list[tuple[str, list[str], list[str]]], dict[str, float]]:
     """Decode every batch of ``loader`` (dicts with ``features``, ``feature_lens``, ``texts``, ``cut_ids``).
 
     ``streaming=(chunk_size, left_context_frames)`` decodes a causal Zipformer chunk by chunk with its caches
-    (:func:`asrprec.decoding.streaming_decode`) instead of encoding whole utterances.
+    (:func:`asrprec.decoding.streaming_decode`) instead of encoding whole utterances; ``whole_chunks_only`` ends
+    each stream at its last whole chunk, as sherpa-onnx does (see :func:`asrprec.decoding.streaming_encode`).
 
     Returns:
         results: ``(cut_id, ref_words, hyp_words)`` per utterance, ready for :mod:`asrprec.metrics`.
@@ -38,7 +40,8 @@ def decode_dataset(
             if streaming is None:
                 hyps = decode(model, features, feature_lens, options)
             else:
-                hyps = streaming_decode(model, features, feature_lens, options, *streaming)
+                hyps = streaming_decode(model, features, feature_lens, options, *streaming,
+                                        whole_chunks_only=whole_chunks_only)
         for cut_id, ref, hyp in zip(batch["cut_ids"], batch["texts"], hyps):
             results.append((cut_id, ref.split(), tokenizer.decode(hyp).split()))
     return results, {"audio_seconds": meter.audio_seconds, "wall_seconds": meter.wall_seconds, "rtfx": meter.rtfx}

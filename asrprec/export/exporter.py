@@ -236,10 +236,11 @@ def export_offline(model: nn.Module, tokenizer: Any, out_dir: Path | str, *, chu
     family = encoder_family(model)
     _check_offline_chunking(model, chunk_size, left_context_frames)
     n = _dim("N", min=1, max=_MAX_BATCH)
-    # torch.export traces lengths of 2 and more as general lengths; the shortest input whose every intermediate
-    # length is >= 2 is 17 frames (Zipformer: its slowest stack) and 11 (Conformer). The graph also runs on the
-    # shorter inputs the encoders accept (9 and 7 frames), which the parity tests check.
-    t = _dim("T", min=17 if family == "zipformer" else 11)
+    # torch.export traces lengths of 2 and more as general lengths: the shortest input whose every intermediate
+    # length is >= 2 is 2 * (ds_max + 1) + 7 frames for a Zipformer (its slowest stack, downsampling ds_max, gets 2
+    # frames) and 11 for a Conformer. The graph also runs on the shorter inputs the encoders accept (9 and 7
+    # frames), which the parity tests check.
+    t = _dim("T", min=2 * max(max(model.encoder.encoder.downsampling_factor) + 1, 3) + 7 if family == "zipformer" else 11)
     frames = 203  # odd, so no stack's length is a multiple of its downsampling
     x = torch.randn(_EXAMPLE_BATCH, frames, _num_features(model))
     x_lens = torch.tensor([frames, frames - 40], dtype=torch.int64)
@@ -306,12 +307,23 @@ def quantize_int8(exported: ExportedModel) -> ExportedModel:
         for src, dst, ops in ((exported.encoder, out.encoder, ["MatMul"]), (exported.decoder, out.decoder,
                               ["MatMul", "Gather"]), (exported.joiner, out.joiner, ["MatMul"])):
             quantize_dynamic(src, dst, op_types_to_quantize=ops, weight_type=QuantType.QInt8, per_channel=True,
-                             extra_options={"MatMulConstBOnly": True})
+                             nodes_to_exclude=_constant_products(src), extra_options={"MatMulConstBOnly": True})
     finally:
         logging.disable(previous)
     for src, dst in ((exported.encoder, out.encoder), (exported.decoder, out.decoder), (exported.joiner, out.joiner)):
         _ensure_metadata(src, dst)
     return out
+
+
+def _constant_products(path: Path) -> list[str]:
+    """MatMul nodes whose constant operand is not a (in, out) weight matrix: in a streaming encoder the relative
+    positional projection, a constant of the fixed chunk, folds into a (H, 1, d, L) operand; it is not a weight,
+    and onnxruntime's per-channel integer kernels reject its shape."""
+    onnx = require("onnx")
+    model = onnx.load(str(path))
+    ranks = {t.name: len(t.dims) for t in model.graph.initializer}
+    return [n.name for n in model.graph.node
+            if n.op_type == "MatMul" and n.input[1] in ranks and ranks[n.input[1]] != 2]
 
 
 def convert_fp16(exported: ExportedModel) -> ExportedModel:

@@ -21,9 +21,6 @@ from asrprec._optional import require
 #: the log-mel value of a frame of digital silence: Kaldi's fbank floors the energy at FLT_EPSILON
 #: (csukuangfj/kaldi-native-fbank ``kaldi-native-fbank/csrc/feature-fbank.cc``; lhotse uses the same floor)
 SILENCE_LOG_MEL = math.log(float(np.finfo(np.float32).eps))
-#: sherpa-onnx's examples append 0.66 s of silence before ending a stream, so its last frames are decoded
-#: (k2-fsa/sherpa-onnx ``python-api-examples/online-decode-files.py``)
-TAIL_PADDING_FRAMES = 66
 
 ArrayLike = Union[np.ndarray, "torch.Tensor"]  # noqa: F821
 
@@ -189,11 +186,13 @@ class OnnxStreamingModel(_DecoderJoiner):
             return 0
         return -(-(num_frames - self.T) // self.decode_chunk_len)
 
-    def decode(self, features: ArrayLike, feature_lens: ArrayLike,
-               tail_padding_frames: int = TAIL_PADDING_FRAMES) -> List[List[int]]:
-        """Decode a padded batch as streams: each utterance followed by ``tail_padding_frames`` frames of silence
-        (:data:`SILENCE_LOG_MEL`), as a sherpa-onnx client pads the audio; every stream runs the steps sherpa-onnx
-        would run for it. Returns N token-id lists in the input order."""
+    def decode(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0) -> List[List[int]]:
+        """Decode a padded batch as streams, each running the steps sherpa-onnx would run for it (whole chunks only).
+
+        The features should be those of the audio a client sends, silence at the end included (sherpa-onnx's
+        examples append 0.66 s; :func:`asrprec.data.features.pad_with_silence` pads cuts so). Without it,
+        ``tail_padding_frames`` appends frames of digital silence (:data:`SILENCE_LOG_MEL`) to the features, close to
+        that but not equal at the last frames of speech. Returns N token-id lists in the input order."""
         feats = _numpy(features, np.float32)
         lens = _numpy(feature_lens, np.int64)
         n = feats.shape[0]

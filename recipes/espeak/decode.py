@@ -21,6 +21,7 @@ import torch
 
 from asrprec.checkpoint import load_decoding_weights
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
+from asrprec.data.features import pad_with_silence
 from asrprec.decoding import DecodingOptions, decode_dataset
 from asrprec.metrics import write_error_stats, write_recogs
 from asrprec.models import build_transducer, configure_streaming
@@ -61,13 +62,20 @@ def main() -> None:
         tag += f"-beam-{args.beam_size}"
     if streaming_tag:
         tag += f"-{streaming_tag}"
+    if args.tail_padding:
+        if not args.streaming:
+            raise ValueError("--tail-padding applies to --streaming decoding")
+        tag += f"-tail-{args.tail_padding:g}s"
+        # the audio a sherpa-onnx client sends: the utterance and then silence; features from it
+        cuts = {split: pad_with_silence(c, args.tail_padding) for split, c in cuts.items()}
+        data = AsrDataModule(DataConfig(max_duration=args.max_duration, on_the_fly_feats=True))
     options = DecodingOptions(method=args.decoding_method, beam=args.beam_size,
                               max_sym_per_frame=args.max_sym_per_frame)
     streaming = (args.chunk_size, args.left_context_frames) if args.streaming else None
     summary = {}
     for split in args.splits:
         results, stats = decode_dataset(model, data.test_dataloader(cuts[split]), tokenizer, options, policy.device,
-                                        streaming=streaming)
+                                        streaming=streaming, whole_chunks_only=bool(args.tail_padding))
         write_recogs(args.exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(args.exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         summary[split] = {"wer": wer, **stats}

@@ -80,10 +80,18 @@ def test_online_recognizer_gives_asrprec_streaming_greedy_search(exported, model
     meta = read_metadata(ex.encoder)
     chunk, left, t, shift = (int(meta[k]) for k in ("chunk_size", "left_context_frames", "T", "decode_chunk_len"))
     tail = np.zeros(int(TAIL_S * 16000), np.float32)
-    want = [_asrprec_streaming(model, fbank(np.concatenate([w, tail])), chunk, left, t, shift) for w in waves]
+    feats = [fbank(np.concatenate([w, tail])) for w in waves]
+    want = [_asrprec_streaming(model, f, chunk, left, t, shift) for f in feats]
     _nontrivial(want)
     # two streams per decode_streams call: sherpa-onnx stacks their states along the batch axes
     assert _sherpa(ex.encoder.parent, waves, tmp_path, streaming=True, batch=2) == want
+    # asrprec's batched streaming decoding, ending streams as sherpa-onnx does, agrees
+    from asrprec.decoding import DecodingOptions, streaming_decode
+
+    lens = torch.tensor([f.shape[0] for f in feats])
+    batched = streaming_decode(model, torch.nn.utils.rnn.pad_sequence(feats, batch_first=True), lens,
+                               DecodingOptions(), chunk, left, whole_chunks_only=True)
+    assert batched == want
 
 
 @pytest.mark.parametrize("kind", ["zipformer", "causal"])
@@ -105,7 +113,7 @@ def test_variants_load_and_decode_as_onnxruntime(exported, waves, fbank, kind, v
     for w in waves:
         f = fbank(np.concatenate([w, tail]) if streaming else w)
         lens = torch.tensor([f.shape[0]])
-        want += runtime.decode(f[None], lens, tail_padding_frames=0) if streaming else runtime.decode(f[None], lens)
+        want += runtime.decode(f[None], lens)
     _nontrivial(want)
     got = _sherpa(ex.encoder.parent, waves, tmp_path, streaming=streaming, variant=variant, batch=1)
     if variant == "fp16":
