@@ -13,4 +13,4 @@ fi
 if ! .venv/bin/python -c "import onnx, onnxscript, onnxruntime, sherpa_onnx" 2>/dev/null; then
   .venv/bin/pip install --quiet --disable-pip-version-check -e ".[export]"
 fi
-.venv/bin/python -m pytest -q -m export tests/export
+.venv/bin/python -m pytest -q -m "export and not slow" tests/export
