@@ -146,8 +146,8 @@ def streaming_encode(
     states = encoder.get_init_states(b, chunk_size, left_context_frames)
     dtype = states[0].dtype
     step, lookahead = 2 * chunk_size, encoder.streaming_lookahead
-    feature_lens = feature_lens.to(features.device)
     padded = F.pad(features.to(dtype), (0, 0, 0, step + lookahead))
+    feature_lens = feature_lens.to(features.device)
     outs, out_lens = [], torch.zeros(b, dtype=torch.int64, device=features.device)
     # a chunk is run while some utterance still has output frames in it: (L - 7) // 2 frames at 50 Hz
     n_out = torch.div(feature_lens - 7, 2, rounding_mode="floor")

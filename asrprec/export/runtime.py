@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -22,7 +22,10 @@ from asrprec._optional import require
 #: (csukuangfj/kaldi-native-fbank ``kaldi-native-fbank/csrc/feature-fbank.cc``; lhotse uses the same floor)
 SILENCE_LOG_MEL = math.log(float(np.finfo(np.float32).eps))
 
-ArrayLike = Union[np.ndarray, "torch.Tensor"]  # noqa: F821
+if TYPE_CHECKING:
+    import torch
+
+ArrayLike = Union[np.ndarray, "torch.Tensor"]
 
 
 def _numpy(x: ArrayLike, dtype) -> np.ndarray:
