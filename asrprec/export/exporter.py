@@ -62,7 +62,8 @@ def _check_torch() -> None:
     version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
     if version < MIN_TORCH:
         raise RuntimeError(f"ONNX export needs torch >= {'.'.join(map(str, MIN_TORCH))} (torch.export with dynamic "
-                           f"shapes and torch.onnx.export(dynamo=True)); this is torch {torch.__version__}")
+                           f"shapes and torch.onnx.export(dynamo=True)); this is torch {torch.__version__}. Fix: "
+                           "upgrade torch (export is tested with torch 2.14)")
 
 
 def _require_export_packages() -> None:
