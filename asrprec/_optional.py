@@ -1,6 +1,7 @@
 """The one place where optional dependencies are probed and imported.
 
-Every optional package (torchaudio, k2, numba-cuda, espeakng-loader, scipy) is imported lazily through
+Every optional package (torchaudio, k2, numba-cuda, espeakng-loader, scipy, onnx, onnxruntime, sherpa-onnx) is
+imported lazily through
 :func:`require`, so importing :mod:`asrprec` never needs them, and a missing one raises an
 ImportError that names the pip extra to install.
 """
@@ -22,6 +23,10 @@ _HINTS: dict[str, tuple[str, str]] = {
     "espeakng_loader": ("pip install 'asrprec[synth]'", "the synthetic espeak-ng speech corpus"),
     "scipy.signal": ("pip install 'asrprec[synth]'", "resampling espeak-ng's 22,050 Hz audio to 16 kHz"),
     "numba": ("pip install numba", "the numba CPU RNN-T loss"),
+    "onnx": ("pip install 'asrprec[export]'", "ONNX export"),
+    "onnxscript": ("pip install 'asrprec[export]'", "ONNX export (torch.onnx.export with dynamo=True)"),
+    "onnxruntime": ("pip install 'asrprec[export]'", "running exported ONNX models"),
+    "sherpa_onnx": ("pip install 'asrprec[export]'", "decoding with sherpa-onnx"),
 }
 
 

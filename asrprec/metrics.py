@@ -13,6 +13,7 @@ ins/del/sub is kaldialign's choice; their total is the Levenshtein distance.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import math
 import os
@@ -149,6 +150,18 @@ def write_recogs(path: str | os.PathLike, results: Sequence[Result]) -> Path:
             print(f"{cut_id}:\tref={ref}", file=f)
             print(f"{cut_id}:\thyp={hyp}", file=f)
     return path
+
+
+def read_recogs(path: str | os.PathLike) -> dict[str, tuple[list[str], list[str]]]:
+    """The inverse of :func:`write_recogs`: ``{cut_id: (ref_words, hyp_words)}``."""
+    out: dict[str, list] = {}
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        cut_id, sep, rest = line.partition(":\t")
+        kind, _, words = rest.partition("=")
+        if not sep or kind not in ("ref", "hyp"):
+            raise ValueError(f"{path}:{n} is not a recogs line (cut_id:\\tref=[...] or hyp=[...]): {line!r}")
+        out.setdefault(cut_id, [None, None])[kind == "hyp"] = list(ast.literal_eval(words))
+    return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 def write_error_stats(path: str | os.PathLike, results: Sequence[Result], *, title: str = "") -> ErrorCounts:

@@ -31,8 +31,9 @@ def test_recipes_import_only_asrprec_and_public_packages():
 def test_optional_packages_not_imported_eagerly():
     code = (
         "import sys, asrprec, asrprec.precision, asrprec.models, asrprec.losses, asrprec.training, "
-        "asrprec.decoding, asrprec.data, asrprec.tokenizer, asrprec.checkpoint, asrprec.metrics\n"
-        "bad = [m for m in ('torchaudio', 'k2', 'numba.cuda', 'espeakng_loader', 'scipy') if m in sys.modules]\n"
+        "asrprec.decoding, asrprec.data, asrprec.tokenizer, asrprec.checkpoint, asrprec.metrics, asrprec.export\n"
+        "bad = [m for m in ('torchaudio', 'k2', 'numba.cuda', 'espeakng_loader', 'scipy', 'onnx', 'onnxscript', "
+        "'onnxruntime', 'sherpa_onnx') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

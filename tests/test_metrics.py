@@ -129,3 +129,14 @@ def test_rtfx():
         pass
     assert m.audio_seconds == 15.0 and 2.0 < m.wall_seconds < 3.0
     assert m.rtfx == pytest.approx(15.0 / m.wall_seconds)
+
+
+def test_read_recogs_inverts_write_recogs(tmp_path):
+    from asrprec.metrics import read_recogs
+
+    results = [("b-2", "IT'S A \"TEST\"", ""), ("a-1", ["ONE", "TWO"], ["ONE", "TOO", "X"])]
+    path = write_recogs(tmp_path / "recogs.txt", results)
+    assert read_recogs(path) == {"a-1": (["ONE", "TWO"], ["ONE", "TOO", "X"]), "b-2": (["IT'S", "A", '"TEST"'], [])}
+    (tmp_path / "bad.txt").write_text("a-1 ref=['X']\n")
+    with pytest.raises(ValueError, match="not a recogs line"):
+        read_recogs(tmp_path / "bad.txt")

@@ -213,3 +213,18 @@ def load_fbank_cuts(data_dir: Path | str, *, prefix: str = "espeak", splits: tup
             raise FileNotFoundError(f"{path} is missing; fix: run the data preparation first (e.g. python recipes/espeak/prepare.py)")
         out[split] = lhotse.CutSet.from_file(path).to_eager()
     return out
+
+
+def _pad_cut(cut: Any, seconds: float) -> Any:
+    return cut.pad(duration=cut.duration + seconds, direction="right").with_id(cut.id)
+
+
+def pad_with_silence(cuts: Any, seconds: float) -> Any:
+    """Every cut followed by ``seconds`` of digital silence (zero samples), under its own id: the audio a streaming
+    client sends when it ends a stream (sherpa-onnx's examples append 0.66 s so its last frames get decoded). Compute
+    the features on the fly (``DataConfig(on_the_fly_feats=True)``): stored features end with the original audio."""
+    from functools import partial
+
+    if seconds < 0:
+        raise ValueError(f"seconds must be >= 0, got {seconds}")
+    return cuts.map(partial(_pad_cut, seconds=float(seconds)))

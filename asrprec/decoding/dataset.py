@@ -24,13 +24,16 @@ def decode_dataset(
     device: torch.device | str = "cpu",
     streaming: tuple[int, int] | None = None,
     search: Callable[[torch.Tensor, torch.Tensor], list[list[int]]] | None = None,
+    whole_chunks_only: bool = False,
 ) -> tuple[list[tuple[str, list[str], list[str]]], dict[str, float]]:
     """Decode every batch of ``loader`` (dicts with ``features``, ``feature_lens``, ``texts``, ``cut_ids``).
 
     ``streaming=(chunk_size, left_context_frames)`` decodes a causal Zipformer chunk by chunk with its caches
-    (:func:`asrprec.decoding.streaming_decode`) instead of encoding whole utterances. ``search``, called as
-    ``search(encoder_out (B, T, D_enc), encoder_out_lens (B,))`` after ``model.encode``, replaces the method named
-    in ``options`` for whole utterances (e.g. a :class:`asrprec.decoding.LabelLoopingGreedy` kept across batches).
+    (:func:`asrprec.decoding.streaming_decode`) instead of encoding whole utterances; ``whole_chunks_only`` ends
+    each stream at its last whole chunk, as sherpa-onnx does (see :func:`asrprec.decoding.streaming_encode`).
+    ``search``, called as ``search(encoder_out (B, T, D_enc), encoder_out_lens (B,))`` after ``model.encode``,
+    replaces the method named in ``options`` for whole utterances (e.g. a :class:`asrprec.decoding.LabelLoopingGreedy`
+    kept across batches).
 
     Cuts the loader could not read (named in a batch's ``dropped_cuts``) are left out of the results, logged, and
     counted in ``stats["unreadable_cuts"]``.
@@ -57,7 +60,8 @@ def decode_dataset(
             elif streaming is None:
                 hyps = decode(model, features, feature_lens, options)
             else:
-                hyps = streaming_decode(model, features, feature_lens, options, *streaming)
+                hyps = streaming_decode(model, features, feature_lens, options, *streaming,
+                                        whole_chunks_only=whole_chunks_only)
         for cut_id, ref, hyp in zip(batch["cut_ids"], batch["texts"], hyps):
             results.append((cut_id, ref.split(), tokenizer.decode(hyp).split()))
     return results, {"audio_seconds": meter.audio_seconds, "wall_seconds": meter.wall_seconds, "rtfx": meter.rtfx,

@@ -44,6 +44,8 @@ def result_tag(args: argparse.Namespace, streaming_tag: str = "") -> str:
         tag += f"-beam-{args.beam_size}"
     if streaming_tag:
         tag += f"-{streaming_tag}"
+    if getattr(args, "tail_padding", 0.0):
+        tag += f"-tail-{args.tail_padding:g}s"
     return tag
 
 
@@ -61,6 +63,8 @@ def load_for_decoding(exp_dir: Path | str, args: argparse.Namespace) -> Decoding
     from asrprec.training.experiment import read_model_config
 
     exp_dir = Path(exp_dir)
+    if getattr(args, "tail_padding", 0.0) and not args.streaming:
+        raise ValueError("--tail-padding applies to --streaming decoding (it ends each live stream with silence)")
     model = build_transducer(**read_model_config(exp_dir))
     weights = load_decoding_weights(model, exp_dir, args.epoch, args.avg, args.use_averaged_model)
     streaming_tag = configure_streaming(model, args.chunk_size, args.left_context_frames, args.streaming)
@@ -99,7 +103,8 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
         split_cuts, report = check_cuts(split_cuts, split=split, mode=getattr(args, "validate_data", "fast"),
                                         min_frames=setup.min_input_frames, require_transcript=False)
         results, stats = decode_dataset(setup.model, make_loader(split_cuts), tokenizer, options, setup.policy.device,
-                                        streaming=setup.streaming, search=search)
+                                        streaming=setup.streaming, search=search,
+                                        whole_chunks_only=bool(getattr(args, "tail_padding", 0.0)))
         write_recogs(exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         left_out = report.dropped + stats["unreadable_cuts"]

@@ -115,8 +115,16 @@ def streaming_encode(
     chunk_size: int,
     left_context_frames: int,
     on_chunk: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None,
+    whole_chunks_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run a causal Zipformer transducer's encoder chunk by chunk, as a live stream would.
+
+    By default each utterance ends where its features end: the last chunk runs with the frames past the end
+    masked. ``whole_chunks_only`` ends it as sherpa-onnx does instead: a chunk runs only while more than
+    ``2C + lookahead`` frames are left past the processed ones, and the rest is never decoded
+    (k2-fsa/sherpa-onnx ``sherpa-onnx/csrc/online-recognizer-transducer-impl.h``); its clients therefore append
+    silence to the audio (0.66 s in ``python-api-examples/online-decode-files.py``), which the features given here
+    must then hold too.
 
     Args:
         model: a transducer whose ``encoder`` has ``streaming_forward`` (``build_transducer(encoder="zipformer",
@@ -145,8 +153,14 @@ def streaming_encode(
     # a chunk is run while some utterance still has output frames in it: (L - 7) // 2 frames at 50 Hz
     n_out = torch.div(feature_lens - 7, 2, rounding_mode="floor")
     for start in range(0, max(int(n_out.max()), 0) * 2 if b else 0, step):
-        out, lens, states = encoder.streaming_forward(padded[:, start: start + step + lookahead],
-                                                      feature_lens - start, states)
+        valid = feature_lens - start
+        if whole_chunks_only:
+            # a stream without more than a whole chunk of frames left has ended
+            valid = torch.where(valid > step + lookahead, torch.full_like(valid, step + lookahead),
+                                torch.zeros_like(valid))
+            if not bool((valid > 0).any()):
+                break
+        out, lens, states = encoder.streaming_forward(padded[:, start: start + step + lookahead], valid, states)
         lens = lens.clamp(min=0)
         if on_chunk is not None:
             on_chunk(out, lens)
@@ -165,16 +179,19 @@ def streaming_decode(
     options: DecodingOptions | None,
     chunk_size: int,
     left_context_frames: int,
+    whole_chunks_only: bool = False,
 ) -> list[list[int]]:
-    """Decode a batch as live streams: :func:`streaming_encode`, with the search named in ``options``
-    (:class:`StreamingGreedySearch` or :class:`StreamingModifiedBeamSearch`; default greedy search) advancing
-    after every chunk. Returns B token-id lists in the input order."""
+    """Decode a batch as live streams: :func:`streaming_encode` (``whole_chunks_only`` as there), with the search
+    named in ``options`` (:class:`StreamingGreedySearch` or :class:`StreamingModifiedBeamSearch`; default greedy
+    search) advancing after every chunk. Returns B token-id lists in the input order."""
     options = options or DecodingOptions()
     b = features.shape[0]
     if options.method == "greedy_search":
         search = StreamingGreedySearch(model, b, options.max_sym_per_frame)
-        streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=search.accept)
+        streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=search.accept,
+                         whole_chunks_only=whole_chunks_only)
         return search.hyps
     beam = StreamingModifiedBeamSearch(model, b, options.beam, options.length_norm)
-    streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=beam.accept)
+    streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=beam.accept,
+                     whole_chunks_only=whole_chunks_only)
     return beam.best()

@@ -238,6 +238,10 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="causal Zipformer only: decode as live streams, chunk by chunk with the encoder's caches "
                         "(icefall's streaming_decode.py), instead of simulating streaming with a chunk mask; needs "
                         "--chunk-size > 0 and a finite --left-context-frames")
+    p.add_argument("--tail-padding", type=float, default=0.0, metavar="SECONDS",
+                   help="with --streaming: end each stream as a sherpa-onnx client does, with this much silence "
+                        "appended to the audio (its examples: 0.66) and only whole chunks decoded; features are "
+                        "then computed from the padded audio")
 
 
 def resolve_device(name: str | None) -> str:

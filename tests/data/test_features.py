@@ -71,3 +71,20 @@ def test_on_the_fly_matches_precomputed_and_is_fp32_under_autocast(tiny_fbank):
         # zero-padded to the longest cut, where the stored features saw the cut's edge reflected
         err = (feats[i, : n - 2] - stored[i, : n - 2]).abs()
         assert err.median() < 0.05 and err.max() < 0.5, (err.median(), err.max())
+
+
+@needs_espeak
+def test_pad_with_silence_gives_the_features_of_the_padded_audio(tiny_fbank):
+    from asrprec.data.features import fbank_extractor, pad_with_silence
+
+    _, cuts = tiny_fbank
+    cut = cuts["dev"][0]
+    padded = list(pad_with_silence(cuts["dev"].subset(first=1), 0.66))[0]
+    assert padded.id == cut.id and abs(padded.duration - (cut.duration + 0.66)) < 1e-6
+    feats, lens = OnTheFlyFbank()([padded])
+    audio = np.concatenate([cut.load_audio()[0], np.zeros(int(0.66 * 16000), np.float32)])
+    want = fbank_extractor().extract(audio, 16000)
+    assert int(lens[0]) == want.shape[0] == num_frames(len(audio))
+    np.testing.assert_allclose(feats[0, : int(lens[0])].numpy(), want, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=">= 0"):
+        pad_with_silence(cuts["dev"], -1.0)

@@ -107,3 +107,26 @@ def test_streaming_decode_matches_simulated_streaming(causal_model, method):
 def test_streaming_encode_refuses_non_streaming_encoders(kit):
     with pytest.raises(ValueError, match="cannot stream"):
         streaming_encode(kit.make_model(0), torch.zeros(1, 20, 8), torch.tensor([20]), 16, 64)
+
+
+def test_whole_chunks_only_runs_the_chunks_sherpa_onnx_runs(causal_model):
+    """sherpa-onnx runs a chunk while more than 2C + lookahead frames are left past the processed ones and never
+    the rest (k2-fsa/sherpa-onnx online-recognizer-transducer-impl.h): written here per utterance with a plain loop
+    over streaming_forward, against the batched whole_chunks_only mode."""
+    g = torch.Generator().manual_seed(6)
+    lens = torch.tensor([230, 173, 109, 46])  # 109 - 45 = 64: exactly one step too few for a second chunk
+    feats = torch.randn(4, 230, 80, generator=g)
+    enc = causal_model.encoder
+    t, step = 32 + enc.streaming_lookahead, 32
+    out, out_lens = streaming_encode(causal_model, feats, lens, 16, 64, whole_chunks_only=True)
+    for i, n in enumerate(lens.tolist()):
+        states, pieces, start = enc.get_init_states(1, 16, 64), [], 0
+        with torch.no_grad():
+            while start + t < n:
+                o, _, states = enc.streaming_forward(feats[i: i + 1, start: start + t], torch.tensor([t]), states)
+                pieces.append(o[0])
+                start += step
+        assert int(out_lens[i]) == 8 * len(pieces)
+        if pieces:
+            torch.testing.assert_close(out[i, : int(out_lens[i])], torch.cat(pieces), rtol=1e-5, atol=1e-5)
+    assert out_lens.tolist() == [8 * 6, 8 * 4, 8 * 2, 8 * 1]

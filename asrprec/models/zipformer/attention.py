@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from asrprec.precision.islands import autocast_dtype, fp32_island
 
 from ..schedule import FloatLike, ScheduledFloat
+from ..tracing import is_exporting
 from .activations import softmax
 from .dropout import Dropout2
 from .grad_shaping import Balancer, Whiten, penalize_abs_values_gt, whitening_schedule
@@ -47,22 +48,26 @@ class CompactRelPositionalEncoding(nn.Module):
         self.dropout = Dropout2(dropout_rate)
         self._pe: Optional[Tensor] = None  # fp32, deliberately not a buffer: a model cast must not touch it
 
+    @fp32_island
+    def _encode(self, offsets: Tensor) -> Tensor:
+        """(N,) float32 relative offsets -> (N, pos_dim) float32 encodings."""
+        x = offsets.unsqueeze(1)
+        freqs = 1 + torch.arange(self.embed_dim // 2, device=x.device, dtype=torch.float32)
+        c = self.embed_dim ** 0.5  # compression length
+        x_comp = c * x.sign() * ((x.abs() + c).log() - math.log(c))
+        length_scale = self.length_factor * self.embed_dim / (2.0 * math.pi)
+        x_atan = (x_comp / length_scale).atan()
+        # interleaved cos/sin columns, the last one overwritten by the constant 1
+        pe = torch.stack(((x_atan * freqs).cos(), (x_atan * freqs).sin()), dim=-1).reshape(x.shape[0], -1)
+        return torch.cat((pe[:, :-1], torch.ones_like(pe[:, -1:])), dim=1)
+
     def _table(self, t: int, device: torch.device) -> Tensor:
         pe = self._pe
         if pe is not None and pe.device == device and pe.shape[0] >= 2 * t - 1:
             return pe
         n = max(t, 1000 if pe is None else (pe.shape[0] + 1) // 2)
-        with torch.no_grad(), fp32_island():
-            x = torch.arange(-(n - 1), n, device=device, dtype=torch.float32).unsqueeze(1)
-            freqs = 1 + torch.arange(self.embed_dim // 2, device=device, dtype=torch.float32)
-            c = self.embed_dim ** 0.5  # compression length
-            x_comp = c * x.sign() * ((x.abs() + c).log() - math.log(c))
-            length_scale = self.length_factor * self.embed_dim / (2.0 * math.pi)
-            x_atan = (x_comp / length_scale).atan()
-            pe = torch.zeros(x.shape[0], self.embed_dim, device=device, dtype=torch.float32)
-            pe[:, 0::2] = (x_atan * freqs).cos()
-            pe[:, 1::2] = (x_atan * freqs).sin()
-            pe[:, -1] = 1.0
+        with torch.no_grad():
+            pe = self._encode(torch.arange(-(n - 1), n, device=device, dtype=torch.float32))
         self._pe = pe
         return pe
 
@@ -71,6 +76,10 @@ class CompactRelPositionalEncoding(nn.Module):
         for T queries attending to ``left_context_len`` cached keys and the T current ones (streaming)."""
         t = x.shape[0]
         n = t + left_context_len
+        if is_exporting():
+            # an exported graph computes the rows for its own length (no cached table, no bound on T)
+            pos = self._encode(torch.arange(-(n - 1), t, device=x.device, dtype=torch.float32))
+            return self.dropout(pos.unsqueeze(0).to(x.dtype))
         pe = self._table(n, x.device)
         center = pe.shape[0] // 2
         pos = pe[center - n + 1: center + t].unsqueeze(0).to(x.dtype)

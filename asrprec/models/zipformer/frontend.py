@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..schedule import FloatLike, ScheduledFloat
+from ..tracing import is_exporting
 from .activations import SwooshR, act_dropout_linear
 from .dropout import Dropout3
 from .grad_shaping import Balancer, ScaleGrad, Whiten
@@ -143,7 +144,8 @@ class Conv2dSubsampling(nn.Module):
         out_lens = torch.div(x_lens - 7, 2, rounding_mode="floor")
         t = x.shape[2]
         valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)  # (B, T')
-        if not bool(valid.all()):
+        # (the .all() test saves a multiply when nothing is padded; an exported graph cannot branch on data)
+        if is_exporting() or not bool(valid.all()):
             x = x * valid[:, None, :, None].to(x.dtype)
         if self.convnext is not None:
             x = self.convnext(x)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from asrprec.precision.islands import compute_dtype, fp32_island, upcast
 
 from ..schedule import FloatLike, ScheduledFloat
+from ..tracing import is_exporting
 from .activations import ActivationDropoutAndLinear
 from .attention import CompactRelPositionalEncoding, NonlinAttention, RelPositionMultiheadAttentionWeights, \
     SelfAttention
@@ -436,12 +437,6 @@ class Zipformer2Encoder(nn.Module):
         return [c for layer in self.layers for c in layer.init_caches(batch_size, left_context_len, device, dtype)]
 
 
-def _is_exporting() -> bool:
-    """True inside ``torch.export`` (``torch.compiler.is_exporting``, missing from older torch versions)."""
-    probe = getattr(torch.compiler, "is_exporting", None)
-    return bool(probe()) if probe is not None else False
-
-
 def _ds_mask(mask: Optional[Tensor], ds: int) -> Optional[Tensor]:
     return None if mask is None else mask[:, ::ds]
 
@@ -460,7 +455,11 @@ class _SimpleDownsampleFunction(torch.autograd.Function):
         pad = d_t * ds - t
         with fp32_island():
             w = upcast(bias).softmax(dim=0)
-            src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
+            if is_exporting():
+                # the same frames by indexing (last index repeated): a graph for every T, with no branch on T
+                src_p = src.index_select(0, torch.arange(d_t * ds, device=src.device).clamp(max=t - 1))
+            else:
+                src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
             out = (src_p.reshape(d_t, ds, b, c) * w.to(src.dtype).reshape(1, ds, 1, 1)).sum(dim=1)
         # in its own dtype: the weights' gradient cancels strongly (adjacent frames are alike), so a bf16 copy
         # would make it mostly noise
@@ -506,7 +505,7 @@ class SimpleDownsample(nn.Module):
     def forward(self, src: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         t, b, c = src.shape
         # (the .any() test saves a copy when nothing is padded; an exported graph cannot branch on data)
-        if key_padding_mask is not None and (_is_exporting() or bool(key_padding_mask.any())):
+        if key_padding_mask is not None and (is_exporting() or bool(key_padding_mask.any())):
             # repeat each utterance's last valid frame over its padding, as if it were alone in the batch.
             lens = (~key_padding_mask).sum(dim=1).clamp(min=1)
             idx = torch.minimum(torch.arange(t, device=src.device).unsqueeze(1), (lens - 1).unsqueeze(0))

@@ -1,0 +1,251 @@
+"""Decode with exported ONNX files through onnxruntime, the way sherpa-onnx runs them: the graphs fed by position,
+the decoder started from ``[-1] * (C - 1) + [0]``, greedy search with one symbol per encoder frame, streaming
+encoders fed ``T`` frames per call and advanced ``decode_chunk_len`` frames (k2-fsa/sherpa-onnx
+``sherpa-onnx/csrc/offline-transducer-greedy-search-decoder.cc``, ``online-transducer-greedy-search-decoder.cc``,
+``online-recognizer-transducer-impl.h``), with the initial states sherpa-onnx builds from the encoder's metadata
+(``online-zipformer2-transducer-model.cc`` ``GetEncoderInitStates``).
+
+Legend: N utterances (streams), T feature frames, F feature bins, T' encoder frames, J joiner width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from asrprec._optional import require
+
+#: the log-mel value of a frame of digital silence: Kaldi's fbank floors the energy at FLT_EPSILON
+#: (csukuangfj/kaldi-native-fbank ``kaldi-native-fbank/csrc/feature-fbank.cc``; lhotse uses the same floor)
+SILENCE_LOG_MEL = math.log(float(np.finfo(np.float32).eps))
+
+if TYPE_CHECKING:
+    import torch
+
+ArrayLike = Union[np.ndarray, "torch.Tensor"]
+
+
+def _numpy(x: ArrayLike, dtype) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.ascontiguousarray(np.asarray(x, dtype=dtype))
+
+
+def _session(path: Path | str, num_threads: int):
+    ort = require("onnxruntime")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; export the model first (recipes/<recipe>/export.py)")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = num_threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _metadata(session) -> Dict[str, str]:
+    return dict(session.get_modelmeta().custom_metadata_map)
+
+
+class _DecoderJoiner:
+    """The decoder and joiner graphs and the greedy step shared by offline and streaming decoding."""
+
+    def __init__(self, decoder: Path | str, joiner: Path | str, num_threads: int, unk_id: Optional[int]):
+        self.decoder = _session(decoder, num_threads)
+        self.joiner = _session(joiner, num_threads)
+        meta = _metadata(self.decoder)
+        missing = [k for k in ("vocab_size", "context_size") if k not in meta]
+        if missing:
+            raise ValueError(f"{decoder} lacks the metadata {missing} that sherpa-onnx needs; re-export it")
+        self.vocab_size = int(meta["vocab_size"])
+        self.context_size = int(meta["context_size"])
+        self.blank_id = 0  # sherpa-onnx's fixed blank
+        # sherpa-onnx treats the token named <unk> as a blank: not emitted, not fed back to the decoder
+        self.unk_id = unk_id
+
+    def start_contexts(self, n: int) -> np.ndarray:
+        """(n, C) int64 start contexts ``[-1] * (C - 1) + [blank]``."""
+        ctx = np.full((n, self.context_size), -1, dtype=np.int64)
+        ctx[:, -1] = self.blank_id
+        return ctx
+
+    def decoder_out(self, contexts: np.ndarray) -> np.ndarray:
+        """(n, C) int64 -> (n, J) float32."""
+        name = self.decoder.get_inputs()[0].name
+        return self.decoder.run(None, {name: contexts})[0]
+
+    def logits(self, encoder_out: np.ndarray, decoder_out: np.ndarray) -> np.ndarray:
+        """(n, J), (n, J) -> (n, V)."""
+        a, b = (i.name for i in self.joiner.get_inputs())
+        return self.joiner.run(None, {a: encoder_out, b: decoder_out})[0]
+
+    def greedy_frames(self, encoder_out: np.ndarray, lens: np.ndarray, hyps: List[List[int]], contexts: np.ndarray,
+                      dec: np.ndarray) -> None:
+        """Greedy search over (n, T', J) ``encoder_out`` (``lens`` valid frames per row), at most one symbol per
+        frame (``unk_id`` counting as blank), updating ``hyps``, ``contexts`` (n, C) and ``dec`` (n, J) in place."""
+        for t in range(encoder_out.shape[1]):
+            rows = np.nonzero(lens > t)[0]
+            if rows.size == 0:
+                break
+            tokens = self.logits(encoder_out[rows, t], dec[rows]).argmax(axis=-1)
+            emitted = tokens != self.blank_id
+            if self.unk_id is not None:
+                emitted &= tokens != self.unk_id
+            rows, tokens = rows[emitted], tokens[emitted]
+            if rows.size == 0:
+                continue
+            for r, k in zip(rows.tolist(), tokens.tolist()):
+                hyps[r].append(int(k))
+            contexts[rows] = np.concatenate([contexts[rows, 1:], tokens[:, None].astype(np.int64)], axis=1)
+            dec[rows] = self.decoder_out(contexts[rows])
+
+
+class OnnxOfflineModel(_DecoderJoiner):
+    """Offline exported transducer (``export_offline``): ``encode`` whole utterances, ``greedy_search``."""
+
+    streaming = False
+
+    def __init__(self, encoder: Path | str, decoder: Path | str, joiner: Path | str, num_threads: int = 1,
+                 unk_id: Optional[int] = None):
+        super().__init__(decoder, joiner, num_threads, unk_id)
+        self.encoder = _session(encoder, num_threads)
+        self.metadata = _metadata(self.encoder)
+        if "decode_chunk_len" in self.metadata:
+            raise ValueError(f"{encoder} is a streaming encoder; load it with OnnxStreamingModel")
+
+    def encode(self, features: ArrayLike, feature_lens: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """(N, T, F) float features and (N,) lengths -> ((N, T', J) float32, (N,) int64)."""
+        x, x_lens = (i.name for i in self.encoder.get_inputs())
+        out, out_lens = self.encoder.run(None, {x: _numpy(features, np.float32), x_lens: _numpy(feature_lens, np.int64)})
+        return out, out_lens.astype(np.int64)
+
+    def greedy_search(self, encoder_out: np.ndarray, encoder_out_lens: np.ndarray) -> List[List[int]]:
+        """Greedy search, one symbol per frame; returns N token-id lists (no blanks)."""
+        n = encoder_out.shape[0]
+        hyps: List[List[int]] = [[] for _ in range(n)]
+        contexts = self.start_contexts(n)
+        dec = self.decoder_out(contexts) if n else None
+        self.greedy_frames(encoder_out, np.asarray(encoder_out_lens), hyps, contexts, dec)
+        return hyps
+
+    def decode(self, features: ArrayLike, feature_lens: ArrayLike) -> List[List[int]]:
+        """Encode and greedy-search a padded batch: N token-id lists in the input order."""
+        return self.greedy_search(*self.encode(features, feature_lens))
+
+
+class OnnxStreamingModel(_DecoderJoiner):
+    """Streaming exported transducer (``export_streaming``): chunk-by-chunk encoding with the states in sherpa-onnx's
+    layout, greedy search after every chunk."""
+
+    streaming = True
+
+    def __init__(self, encoder: Path | str, decoder: Path | str, joiner: Path | str, num_threads: int = 1,
+                 unk_id: Optional[int] = None):
+        super().__init__(decoder, joiner, num_threads, unk_id)
+        self.encoder = _session(encoder, num_threads)
+        meta = self.metadata = _metadata(self.encoder)
+        keys = ("encoder_dims", "num_encoder_layers", "query_head_dims", "value_head_dims", "num_heads",
+                "cnn_module_kernels", "left_context_len", "T", "decode_chunk_len")
+        missing = [k for k in keys if k not in meta]
+        if missing:
+            raise ValueError(f"{encoder} lacks the streaming metadata {missing}; is it an offline encoder? "
+                             "(load it with OnnxOfflineModel)")
+        self.lists = {k: [int(v) for v in meta[k].split(",")] for k in keys[:7]}
+        self.T = int(meta["T"])
+        self.decode_chunk_len = int(meta["decode_chunk_len"])
+        self.num_features = int(self.encoder.get_inputs()[0].shape[2])
+
+    def init_states(self, n: int) -> List[np.ndarray]:
+        """Zero states for n streams, from the metadata alone (as sherpa-onnx creates them)."""
+        m = self.lists
+        states = []
+        for i, layers in enumerate(m["num_encoder_layers"]):
+            L, D = m["left_context_len"][i], m["encoder_dims"][i]
+            key, val = m["query_head_dims"][i] * m["num_heads"][i], m["value_head_dims"][i] * m["num_heads"][i]
+            for _ in range(layers):
+                states += [np.zeros((L, n, key), np.float32), np.zeros((1, n, L, 3 * D // 4), np.float32),
+                           np.zeros((L, n, val), np.float32), np.zeros((L, n, val), np.float32),
+                           np.zeros((n, D, m["cnn_module_kernels"][i] // 2), np.float32),
+                           np.zeros((n, D, m["cnn_module_kernels"][i] // 2), np.float32)]
+        states.append(np.zeros((n, 128, 3, ((self.num_features - 1) // 2 - 1) // 2), np.float32))
+        states.append(np.zeros((n,), np.int64))
+        return states
+
+    def batch_dims(self) -> List[int]:
+        return [1, 1, 1, 1, 0, 0] * sum(self.lists["num_encoder_layers"]) + [0, 0]
+
+    def run_encoder(self, x: np.ndarray, states: Sequence[np.ndarray]) -> tuple[np.ndarray, List[np.ndarray]]:
+        """One step: x (N, T, F) float32 -> ((N, chunk/2, J), new states)."""
+        names = [i.name for i in self.encoder.get_inputs()]
+        outs = self.encoder.run(None, dict(zip(names, [x, *states])))
+        return outs[0], list(outs[1:])
+
+    def num_chunks(self, num_frames: int) -> int:
+        """Steps sherpa-onnx runs for ``num_frames`` feature frames: a step needs ``T`` frames beyond what it has
+        processed (strictly more), and the last partial chunk is never run."""
+        if num_frames <= self.T:
+            return 0
+        return -(-(num_frames - self.T) // self.decode_chunk_len)
+
+    def decode(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0) -> List[List[int]]:
+        """Decode a padded batch as streams, each running the steps sherpa-onnx would run for it (whole chunks only).
+
+        The features should be those of the audio a client sends, silence at the end included (sherpa-onnx's
+        examples append 0.66 s; :func:`asrprec.data.features.pad_with_silence` pads cuts so). Without it,
+        ``tail_padding_frames`` appends frames of digital silence (:data:`SILENCE_LOG_MEL`) to the features, close to
+        that but not equal at the last frames of speech. Returns N token-id lists in the input order."""
+        feats = _numpy(features, np.float32)
+        lens = _numpy(feature_lens, np.int64)
+        n = feats.shape[0]
+        total = lens + int(tail_padding_frames)
+        chunks = np.array([self.num_chunks(int(t)) for t in total])
+        width = max(int(chunks.max()) * self.decode_chunk_len + self.T, feats.shape[1]) if n else 0
+        x = np.full((n, width, feats.shape[2]), SILENCE_LOG_MEL, dtype=np.float32)
+        for i in range(n):
+            x[i, : lens[i]] = feats[i, : lens[i]]
+        hyps: List[List[int]] = [[] for _ in range(n)]
+        contexts = self.start_contexts(n)
+        dec = self.decoder_out(contexts) if n else None
+        states = self.init_states(n)
+        dims = self.batch_dims()
+        for k in range(int(chunks.max()) if n else 0):
+            rows = np.nonzero(chunks > k)[0]
+            start = k * self.decode_chunk_len
+            sub = [np.take(s, rows, axis=d) for s, d in zip(states, dims)]
+            out, new = self.run_encoder(np.ascontiguousarray(x[rows, start: start + self.T]), sub)
+            for s, v, d in zip(states, new, dims):
+                index = [slice(None)] * s.ndim
+                index[d] = rows
+                s[tuple(index)] = v
+            sub_hyps = [hyps[r] for r in rows]
+            sub_ctx, sub_dec = contexts[rows], dec[rows]
+            self.greedy_frames(out, np.full(len(rows), out.shape[1]), sub_hyps, sub_ctx, sub_dec)
+            contexts[rows], dec[rows] = sub_ctx, sub_dec
+        return hyps
+
+
+def load_onnx_model(model_dir: Path | str, variant: Optional[str] = None, num_threads: int = 1,
+                    unk_as_blank: bool = True) -> Union[OnnxOfflineModel, OnnxStreamingModel]:
+    """The exported model in ``model_dir`` (``encoder.onnx`` ... or, with ``variant="int8"``/``"fp16"``,
+    ``encoder.int8.onnx`` ...), offline or streaming as its encoder's metadata says. ``unk_as_blank``: the token
+    tokens.txt names ``<unk>`` counts as a blank in the search, as in sherpa-onnx."""
+    require("onnxruntime")
+    model_dir = Path(model_dir)
+    suffix = f".{variant}" if variant else ""
+    paths = [model_dir / f"{part}{suffix}.onnx" for part in ("encoder", "decoder", "joiner")]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{model_dir} lacks {', '.join(missing)}; export the model first (the recipe's "
+                                f"export.py{' --' + variant if variant else ''})")
+    encoder_meta = _metadata(_session(paths[0], 1))
+    cls = OnnxStreamingModel if "decode_chunk_len" in encoder_meta else OnnxOfflineModel
+    unk_id = None
+    tokens = model_dir / "tokens.txt"
+    if unk_as_blank and tokens.is_file():
+        for line in tokens.read_text(encoding="utf-8").splitlines():
+            fields = line.split()
+            if len(fields) == 2 and fields[0] == "<unk>":
+                unk_id = int(fields[1])
+    return cls(*paths, num_threads=num_threads, unk_id=unk_id)

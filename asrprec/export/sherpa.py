@@ -1,0 +1,110 @@
+"""Recognise audio with sherpa-onnx (PyPI ``sherpa-onnx``) from exported files: the deployment runtime itself,
+to check an export end to end. sherpa-onnx computes its own features (kaldi-native-fbank, 80 bins, the settings
+lhotse's Fbank uses) from float samples in [-1, 1].
+
+sherpa-onnx ends the whole process on a model it rejects (e.g. missing metadata), so callers that must survive a
+bad model run :func:`main` in a child process::
+
+    python -m asrprec.export.sherpa --model-dir DIR [--variant int8] --waves waves.npz --out result.json
+
+``waves.npz`` holds 16 kHz float32 arrays; ``result.json`` maps each array's name to its token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from asrprec._optional import require
+
+SAMPLE_RATE = 16000
+#: silence appended to a stream before ``input_finished`` so its last frames are decoded, as sherpa-onnx's examples
+#: do (k2-fsa/sherpa-onnx ``python-api-examples/online-decode-files.py``)
+TAIL_PADDING_S = 0.66
+
+
+def _paths(model_dir: Path, variant: Optional[str]) -> Dict[str, str]:
+    suffix = f".{variant}" if variant else ""
+    paths = {part: model_dir / f"{part}{suffix}.onnx" for part in ("encoder", "decoder", "joiner")}
+    paths["tokens"] = model_dir / "tokens.txt"
+    missing = [p.name for p in paths.values() if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{model_dir} lacks {', '.join(missing)}; export the model first")
+    return {k: str(v) for k, v in paths.items()}
+
+
+def read_tokens(path: Path | str) -> Dict[str, int]:
+    """tokens.txt as {symbol: id}, each symbol also under the spelling sherpa-onnx reports it with (a leading
+    sentencepiece ``\u2581`` turned into a space, k2-fsa/sherpa-onnx ``sherpa-onnx/csrc/symbol-table.cc``)."""
+    table: Dict[str, int] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        fields = line.split()
+        sym, i = (fields[0], int(fields[1])) if len(fields) == 2 else (" ", int(fields[0]))
+        table[sym] = i
+        table.setdefault(sym.replace("\u2581", " "), i)
+    return table
+
+
+def recognize(model_dir: Path | str, waves: Sequence[np.ndarray], *, streaming: bool, variant: Optional[str] = None,
+              num_threads: int = 1, batch: int = 8, tail_padding_s: float = TAIL_PADDING_S) -> List[List[int]]:
+    """Token ids sherpa-onnx recognises in each 16 kHz float waveform, ``batch`` streams per ``decode_streams``
+    call; greedy search. ``streaming``: ``OnlineRecognizer`` (each stream followed by ``tail_padding_s`` of
+    silence) instead of ``OfflineRecognizer``."""
+    sherpa_onnx = require("sherpa_onnx")
+    paths = _paths(Path(model_dir), variant)
+    to_id = read_tokens(paths["tokens"])
+    if streaming:
+        rec = sherpa_onnx.OnlineRecognizer.from_transducer(
+            tokens=paths["tokens"], encoder=paths["encoder"], decoder=paths["decoder"], joiner=paths["joiner"],
+            num_threads=num_threads, sample_rate=SAMPLE_RATE, feature_dim=80, decoding_method="greedy_search")
+    else:
+        rec = sherpa_onnx.OfflineRecognizer.from_transducer(
+            encoder=paths["encoder"], decoder=paths["decoder"], joiner=paths["joiner"], tokens=paths["tokens"],
+            num_threads=num_threads, sample_rate=SAMPLE_RATE, feature_dim=80, decoding_method="greedy_search")
+    results: List[List[int]] = []
+    tail = np.zeros(int(tail_padding_s * SAMPLE_RATE), dtype=np.float32)
+    for start in range(0, len(waves), batch):
+        streams = []
+        for w in waves[start: start + batch]:
+            s = rec.create_stream()
+            s.accept_waveform(SAMPLE_RATE, np.ascontiguousarray(w, dtype=np.float32))
+            if streaming:
+                s.accept_waveform(SAMPLE_RATE, tail)
+                s.input_finished()
+            streams.append(s)
+        if streaming:
+            while True:
+                ready = [s for s in streams if rec.is_ready(s)]
+                if not ready:
+                    break
+                rec.decode_streams(ready)
+            tokens = [rec.get_result_all(s).tokens for s in streams]
+        else:
+            rec.decode_streams(streams)
+            tokens = [s.result.tokens for s in streams]
+        results += [[to_id[t] for t in toks] for toks in tokens]
+    return results
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", type=Path, required=True)
+    p.add_argument("--variant", default=None, help="int8 or fp16: encoder.int8.onnx ...")
+    p.add_argument("--streaming", action="store_true")
+    p.add_argument("--waves", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--batch", type=int, default=8)
+    args = p.parse_args(argv)
+    data = np.load(args.waves)
+    names = list(data.files)
+    ids = recognize(args.model_dir, [data[n] for n in names], streaming=args.streaming, variant=args.variant,
+                    batch=args.batch)
+    args.out.write_text(json.dumps(dict(zip(names, ids))))
+
+
+if __name__ == "__main__":
+    main()
