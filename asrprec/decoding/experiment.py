@@ -76,6 +76,18 @@ def load_for_decoding(exp_dir: Path | str, args: argparse.Namespace) -> Decoding
                          streaming=streaming, min_input_frames=min_frames)
 
 
+def with_tail_padding(cuts: Mapping[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
+    """``--tail-padding S``: each split's cuts followed by S seconds of silence (the stream a sherpa-onnx client
+    sends), and True: their features must then be computed from the padded audio (on-the-fly features).
+    Without it, the cuts unchanged and False."""
+    seconds = getattr(args, "tail_padding", 0.0)
+    if not seconds:
+        return dict(cuts), False
+    from asrprec.data.features import pad_with_silence
+
+    return {split: pad_with_silence(c, seconds) for split, c in cuts.items()}, True
+
+
 def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Callable[[Any], Iterable[dict]],
                   tokenizer, args: argparse.Namespace, exp_dir: Path | str) -> dict[str, dict[str, Any]]:
     """Decode each ``{split: CutSet}`` (through ``make_loader(cuts)``) and write its recogs and errs files and the

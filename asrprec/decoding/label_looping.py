@@ -36,6 +36,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
+from asrprec.precision.islands import autocast_dtype, autocast_without_cache
+
 from ._common import decoder_step, joint_logits, model_device, sort_and_project
 
 log = logging.getLogger(__name__)
@@ -155,10 +157,7 @@ class LabelLoopingGreedy:
 
     # -- state ------------------------------------------------------------------------------------
     def _context_key(self, enc: torch.Tensor) -> tuple:
-        dev = self.device.type
-        amp = torch.is_autocast_enabled(dev)
-        return (enc.shape[-1], enc.dtype, amp, torch.get_autocast_dtype(dev) if amp else None,
-                torch.is_inference_mode_enabled())
+        return (enc.shape[-1], enc.dtype, autocast_dtype(enc), torch.is_inference_mode_enabled())
 
     def _load(self, enc: torch.Tensor, lens: torch.Tensor) -> LoopState:
         """Put the batch into the state (reallocating, and dropping captured graphs, when it does not fit)."""
@@ -310,12 +309,8 @@ class LabelLoopingGreedy:
             return None
 
     def _capture_autocast(self):
-        """Autocast as the caller has it, but without the weight-cast cache: casts cached during capture would
-        be freed when the caller's autocast exits while the graph still reads them (torch.cuda.graphs docs)."""
-        dev = self.device.type
-        if not torch.is_autocast_enabled(dev):
-            return torch.autocast(dev, enabled=False)
-        return torch.autocast(dev, dtype=torch.get_autocast_dtype(dev), cache_enabled=False)
+        """Autocast as the caller has it, without the weight-cast cache (see the function)."""
+        return autocast_without_cache(self.device.type)
 
 
 def label_looping_greedy_search(

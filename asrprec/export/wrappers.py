@@ -56,18 +56,16 @@ class OfflineEncoder(nn.Module):
         self.left_context_frames = int(left_context_frames)
 
     def forward(self, x: Tensor, x_lens: Tensor) -> Tuple[Tensor, Tensor]:
+        from asrprec.models import make_pad_mask
+
         enc = self.encoder
         if self.family == "zipformer":
-            from asrprec.models.zipformer import make_pad_mask
-
             h, h_lens = enc.encoder_embed(x, x_lens)
             h = h.permute(1, 0, 2)  # (T, N, D), the stacks' layout
             h, out_lens = enc.encoder(h, h_lens, make_pad_mask(h_lens, h.shape[0]), chunk_size=self.chunk_size,
                                       left_context_frames=self.left_context_frames)
             h = h.permute(1, 0, 2)
         else:
-            from asrprec.models.conformer import make_pad_mask
-
             h, out_lens = enc.encoder_embed(x, x_lens)
             h, pos_emb = enc.encoder_pos(h)
             mask = make_pad_mask(out_lens, h.shape[1])

@@ -27,8 +27,8 @@ from typing import Any, Callable
 import torch
 
 __all__ = [
-    "AUTOCAST_DEVICES", "autocast_dtype", "compute_dtype", "fp32_island", "is_kept_fp32", "keep_fp32", "upcast",
-    "upcast_dtype",
+    "AUTOCAST_DEVICES", "autocast_dtype", "autocast_without_cache", "compute_dtype", "fp32_island", "is_kept_fp32",
+    "keep_fp32", "upcast", "upcast_dtype",
 ]
 
 _KEEP_FP32_ATTR = "_asrprec_keep_fp32"
@@ -57,6 +57,15 @@ def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     if dev in AUTOCAST_DEVICES and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
     return None
+
+
+def autocast_without_cache(device_type: str) -> Any:
+    """A context that keeps the autocast state in force on ``device_type`` (on with its dtype, or off) but without
+    autocast's cache of cast weights: CUDA-graph capture must not keep reading cached casts, which autocast frees
+    when the caller's context exits (torch.cuda.graphs documentation)."""
+    if not torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=False)
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from pathlib import Path
 from typing import Any, Callable
 
 from asrprec.models.transducer import JOINT_MODES, LOSSES
@@ -202,6 +203,37 @@ def run_main(main: Callable[[], Any], prog: str) -> None:
             DataCheckError) as e:
         logging.getLogger("asrprec").error("%s", e)
         raise SystemExit(f"{prog}: error: {e}") from None
+
+
+def begin_training(args: argparse.Namespace) -> TrainConfig:
+    """The first steps of a recipe's ``train.py``: join torchrun's process group (nothing under a plain ``python``),
+    the typed config, the experiment folder and its log (rank 0), ``--threads``, and the seed (before the model is
+    built, so that ``--seed`` fixes its initialisation too)."""
+    import torch
+
+    from asrprec.rng import seed_everything
+
+    from .distributed import get_rank, setup_distributed
+
+    setup_distributed(args.device)
+    cfg = train_config_from_args(args)
+    Path(args.exp_dir).mkdir(parents=True, exist_ok=True)
+    setup_logging(str(Path(args.exp_dir) / "train.log"), rank=get_rank())
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(args.threads)
+    seed_everything(args.seed)
+    return cfg
+
+
+def announce(args: argparse.Namespace, model, policy) -> None:
+    """Print the model and the precision (rank 0)."""
+    from asrprec.models import count_parameters
+
+    from .distributed import is_main_process
+
+    if is_main_process():
+        print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; "
+              f"precision: {policy.describe()}")
 
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
-from asrprec.data.features import pad_with_silence
-from asrprec.decoding.experiment import decode_splits, load_for_decoding
+from asrprec.decoding.experiment import decode_splits, load_for_decoding, with_tail_padding
 from asrprec.tokenizer import Tokenizer
 from asrprec.training.cli import add_decoding_args, add_precision_args, run_main, setup_logging
 
@@ -45,9 +44,8 @@ def main() -> None:
     print("weights:", setup.weights)
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
     cuts = load_fbank_cuts(args.data_dir, splits=tuple(args.splits))  # only the splits decoded
-    data = AsrDataModule(DataConfig(max_duration=args.max_duration, on_the_fly_feats=bool(args.tail_padding)))
-    if args.tail_padding:  # the audio a sherpa-onnx client sends: the utterance, then silence; features from it
-        cuts = {split: pad_with_silence(c, args.tail_padding) for split, c in cuts.items()}
+    cuts, padded = with_tail_padding(cuts, args)  # --tail-padding: the stream a sherpa-onnx client sends
+    data = AsrDataModule(DataConfig(max_duration=args.max_duration, on_the_fly_feats=padded))
     decode_splits(setup, cuts, data.test_dataloader, tokenizer, args, args.exp_dir)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from asrprec.data import AsrDataModule, DataConfig, load_cuts
 from asrprec.data.corpora import LIBRISPEECH_DEV_PARTS, LIBRISPEECH_TEST_PARTS, PreparedData
-from asrprec.decoding.experiment import decode_splits, load_for_decoding
+from asrprec.decoding.experiment import decode_splits, load_for_decoding, with_tail_padding
 from asrprec.tokenizer import Tokenizer
 from asrprec.training.cli import add_decoding_args, add_precision_args, run_main, setup_logging
 
@@ -48,9 +48,11 @@ def main() -> None:
     print("weights:", setup.weights)
     data = PreparedData(args.data_dir)
     tokenizer = Tokenizer(args.bpe_model or data.bpe_model(500))
-    loaders = AsrDataModule(DataConfig(max_duration=args.max_duration, on_the_fly_feats=args.on_the_fly_feats))
     cuts = {split: load_cuts(data.cuts(split, features=not args.on_the_fly_feats), lazy=False,
                              hint="run python recipes/librispeech/prepare.py") for split in args.splits}
+    cuts, padded = with_tail_padding(cuts, args)  # --tail-padding: the stream a sherpa-onnx client sends
+    loaders = AsrDataModule(DataConfig(max_duration=args.max_duration,
+                                       on_the_fly_feats=args.on_the_fly_feats or padded))
     decode_splits(setup, cuts, loaders.test_dataloader, tokenizer, args, args.exp_dir)
 
 

@@ -16,17 +16,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from asrprec.data import AsrDataModule, DataConfig, NoiseMixConfig, SpecAugmentConfig, load_cuts
 from asrprec.data.corpora import LIBRISPEECH_TRAIN_PARTS, PreparedData
-from asrprec.models import count_parameters
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
-from asrprec.training import get_rank, is_main_process, prepare_experiment, seed_everything, setup_distributed, train
+from asrprec.training import get_rank, prepare_experiment, train
 from asrprec.training.cli import (
-    add_data_check_args, add_model_args, add_precision_args, add_training_args, build_model_from_args, check_splits,
-    resolve_device, run_main, setup_logging, train_config_from_args,
+    add_data_check_args, add_model_args, add_precision_args, add_training_args, announce, begin_training,
+    build_model_from_args, check_splits, resolve_device, run_main,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -89,13 +86,7 @@ def load_part(args: argparse.Namespace, data: PreparedData, part: str, *, lazy: 
 
 def main() -> None:
     args = get_parser().parse_args()
-    setup_distributed(args.device)  # under torchrun: join the process group on this rank's device; else nothing
-    cfg = train_config_from_args(args)
-    Path(args.exp_dir).mkdir(parents=True, exist_ok=True)
-    setup_logging(str(Path(args.exp_dir) / "train.log"), rank=get_rank())
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    seed_everything(args.seed)  # before the model is built: --seed fixes its initialisation too
+    cfg = begin_training(args)  # torchrun's process group (if any), config, log, threads, seed
     data = PreparedData(args.data_dir)
     tokenizer = Tokenizer(args.bpe_model or data.bpe_model(500))
     model, model_config = build_model_from_args(args, tokenizer)
@@ -109,9 +100,7 @@ def main() -> None:
         args, tokenizer, model.min_input_frames)
     loaders = AsrDataModule(data_config(args, data))
     policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
-    if is_main_process():
-        print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; "
-              f"precision: {policy.describe()}")
+    announce(args, model, policy)
     train(model=model, policy=policy, tokenizer=tokenizer, train_dl=loaders.train_dataloader(cuts["train"]),
           valid_dl=loaders.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
           config_for_checkpoint={"data": {"data_dir": str(args.data_dir), "subset": args.subset,
