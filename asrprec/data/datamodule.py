@@ -237,12 +237,12 @@ def _bucketing_sampler(cuts: Any, *, num_buckets: int, buffer_size: int | None =
                        shuffle_buffer_size: int | None = None, **kwargs: Any) -> Any:
     """DynamicBucketingSampler, or SimpleCutSampler for one bucket (lhotse's bucketing needs at least two).
 
-    An eager CutSet smaller than ``num_buckets`` gets one bucket per cut at most; a lazy one is not counted
+    An eager CutSet gets at most one bucket per two cuts (lhotse estimates the bins from them); a lazy one is not counted
     (that would read the whole manifest)."""
     from lhotse.dataset import DynamicBucketingSampler, SimpleCutSampler
 
-    if not _is_lazy(cuts):
-        num_buckets = min(num_buckets, len(cuts))
+    if not _is_lazy(cuts):  # lhotse estimates the bucket bins from the cuts: at least two cuts per bucket
+        num_buckets = min(num_buckets, len(cuts) // 2)
     if num_buckets <= 1:
         return SimpleCutSampler(cuts, **kwargs)
     buffers = {k: v for k, v in (("buffer_size", buffer_size), ("shuffle_buffer_size", shuffle_buffer_size))
