@@ -237,8 +237,8 @@ def _bucketing_sampler(cuts: Any, *, num_buckets: int, buffer_size: int | None =
                        shuffle_buffer_size: int | None = None, **kwargs: Any) -> Any:
     """DynamicBucketingSampler, or SimpleCutSampler for one bucket (lhotse's bucketing needs at least two).
 
-    An eager CutSet gets at most one bucket per two cuts (lhotse estimates the bins from them); a lazy one is not counted
-    (that would read the whole manifest)."""
+    An eager CutSet gets at most one bucket per two cuts (lhotse estimates the bins from them); a lazy one is not
+    counted (that would read the whole manifest)."""
     from lhotse.dataset import DynamicBucketingSampler, SimpleCutSampler
 
     if not _is_lazy(cuts):  # lhotse estimates the bucket bins from the cuts: at least two cuts per bucket
