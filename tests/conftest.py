@@ -1,10 +1,11 @@
-"""Shared test fixtures: the word error rate of a recogs file recomputed by a plain Levenshtein distance,
+"""Shared test fixtures: one torch thread, and the word error rate of a recogs file recomputed by a plain Levenshtein distance,
 independently of asrprec.metrics (tests compare the WER a recipe reports with it)."""
 
 import ast
 from pathlib import Path
 
 import pytest
+import torch
 
 
 def edit_distance(ref: list[str], hyp: list[str]) -> int:
@@ -33,3 +34,12 @@ def wer_of_recogs(path: Path) -> float:
 def recogs_wer():
     """``recogs_wer(path)``: the percent WER of a recogs file, recomputed here."""
     return wer_of_recogs
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (results that must be bitwise reproducible, small ops)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -223,6 +223,10 @@ def _readable(path: Path) -> bool:
     return True
 
 
+def _names(paths: list[Path], most: int = 6) -> str:
+    return ", ".join(p.name for p in paths[:most]) + (", ..." if len(paths) > most else "")
+
+
 def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[str, Any] | None = None) -> Path | None:
     """Make ``cfg.exp_dir`` ready for the run ``cfg`` describes; return the checkpoint to resume from (or None).
 
@@ -248,9 +252,8 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[st
     if resume_from is None:
         existing = ckpt.training_checkpoints(exp_dir)
         if existing and not cfg.overwrite:
-            names = ", ".join(p.name for p in existing[:6]) + (", ..." if len(existing) > 6 else "")
             raise ExperimentError(
-                f"{exp_dir} holds the checkpoints of an earlier run ({names}); a new run there would mix the two "
+                f"{exp_dir} holds the checkpoints of an earlier run ({_names(existing)}); a new run there would mix the two "
                 f"(e.g. decoding with --avg would average epochs of both). Fix: continue that run with --resume "
                 f"latest, train in another --exp-dir, or add --overwrite to delete the earlier run's files")
         if existing and rank == 0:
@@ -269,9 +272,8 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[st
     newer = [p for p in ckpt.newer_checkpoints(exp_dir, position)
              if p.resolve() != resume_from.resolve() and _readable(p)]
     if newer and not cfg.overwrite:
-        names = ", ".join(p.name for p in newer[:6]) + (", ..." if len(newer) > 6 else "")
         raise ExperimentError(
-            f"{resume_from} is not the newest checkpoint in {exp_dir}: {names} went further. Resuming from it would "
+            f"{resume_from} is not the newest checkpoint in {exp_dir}: {_names(newer)} went further. Resuming from it would "
             f"leave those beside the new ones, and --avg or --resume latest would mix the two continuations. Fix: "
             f"--resume latest, or add --overwrite to delete the newer checkpoints")
     if newer and rank == 0:

@@ -6,7 +6,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 
 _spec = importlib.util.spec_from_file_location("asrprec_tests_decoding_kit", Path(__file__).with_name("_kit.py"))
 _kit = importlib.util.module_from_spec(_spec)
@@ -19,8 +18,5 @@ def kit():
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):  # tests/conftest.py
     yield
-    torch.set_num_threads(n)

@@ -3,7 +3,6 @@
 import shutil
 
 import pytest
-import torch
 
 pytest.importorskip("lhotse")
 pytest.importorskip("sentencepiece")
@@ -37,8 +36,5 @@ def _repoint(cut, old, new):
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):  # tests/conftest.py
     yield
-    torch.set_num_threads(n)

@@ -4,47 +4,21 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from asrprec.checkpoint import average_checkpoints, find_epoch_checkpoints
 from asrprec.models import Decoder, Joiner, Transducer
 from asrprec.precision import get_policy
-from asrprec.training import TrainConfig, train
+from asrprec.training import train
 
-
-class LinearEncoder(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.proj = nn.Linear(80, 16)
-        self.output_dim = 16
-
-    def forward(self, x, lens):
-        return torch.tanh(self.proj(x[:, ::2])), (lens + 1) // 2
-
-
-class Tok:
-    blank_id, vocab_size = 0, 6
-
-    def encode(self, texts):
-        return [[1 + "abcde".index(c) for c in t] for t in texts]
-
-
-def make_model():
-    torch.manual_seed(0)
-    return Transducer(LinearEncoder(), Decoder(6, 16), Joiner(16, 16, 16, 6))
+from ..reliability.tiny import LinearEncoder, Tok, batches, config, make_model
 
 
 def loader(n=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    texts = ["abc", "de", "ea", "bcd", "a", "ed"]
-    return [{"features": torch.randn(2, 30, 80, generator=g), "feature_lens": torch.tensor([30, 24]),
-             "texts": [texts[(2 * i) % 6], texts[(2 * i + 1) % 6]], "cut_ids": [f"{i}a", f"{i}b"]}
-            for i in range(n)]
+    return batches(n, seed)
 
 
 def cfg(tmp_path, **kw):
-    return TrainConfig(exp_dir=str(tmp_path), optimizer="adamw", base_lr=3e-3, lr_batches=100, lr_epochs=2,
-                       warmup_batches=2, log_interval=1, progress_bar=False, **kw)
+    return config(tmp_path, **{"tensorboard": True, "average_period": 200, **kw})
 
 
 @pytest.mark.parametrize("precision", ["fp32", "amp-fp16", "bf16"])
@@ -86,7 +60,7 @@ def test_nonfinite_loss_batch_is_skipped(tmp_path, caplog):
     data[1]["features"][0, 0, 0] = float("nan")
     state = train(model=make_model(), policy=get_policy("fp32"), tokenizer=Tok(), train_dl=data,
                   valid_dl=loader(2, 1), cfg=cfg(tmp_path, num_epochs=1, max_skipped_fraction=0.5))
-    assert "skipped, non-finite loss" in caplog.text and "cuts: 1a, 1b" in caplog.text
+    assert "skipped, non-finite loss" in caplog.text and "cuts: c1a, c1b" in caplog.text
     assert state.history[0]["skipped_batches"] == {"non-finite loss": 1} and state.history[0]["steps"] == 3
     assert math.isfinite(state.history[0]["valid_loss"])
 
