@@ -195,6 +195,10 @@ def main() -> None:
 
 
 def main_project(args) -> None:
+    if not torch.backends.cuda.is_built():
+        # fake CUDA tensors need torch's CUDA dispatch keys, which a CPU-only build (torch x.y.z+cpu) lacks
+        raise SystemExit(f"--project-gpu needs a CUDA build of torch (any CUDA build runs without a GPU); this one is "
+                         f"{torch.__version__}, built without CUDA. Fix: pip install torch from PyPI's default index")
     print(f"# Projected GPU memory of a Zipformer encoder fwd+bwd step (fake tensors), B={args.batch}, "
           f"T={args.frames} frames (100 Hz), torch {torch.__version__}, {datetime.date.today()}")
     print("| preset | policy | forward-end live MB (fake CUDA) | fwd+bwd peak MB | vs fp32 | vs amp-fp16 |")
