@@ -34,7 +34,7 @@ def _numpy(x: ArrayLike, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x, dtype=dtype))
 
 
-def _session(path: Path | str, num_threads: int):
+def _ort_model(path: Path | str, num_threads: int):
     ort = require("onnxruntime")
     path = Path(path)
     if not path.is_file():
@@ -45,16 +45,16 @@ def _session(path: Path | str, num_threads: int):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def _metadata(session) -> Dict[str, str]:
-    return dict(session.get_modelmeta().custom_metadata_map)
+def _metadata(model) -> Dict[str, str]:
+    return dict(model.get_modelmeta().custom_metadata_map)
 
 
 class _DecoderJoiner:
     """The decoder and joiner graphs and the greedy step shared by offline and streaming decoding."""
 
     def __init__(self, decoder: Path | str, joiner: Path | str, num_threads: int, unk_id: Optional[int]):
-        self.decoder = _session(decoder, num_threads)
-        self.joiner = _session(joiner, num_threads)
+        self.decoder = _ort_model(decoder, num_threads)
+        self.joiner = _ort_model(joiner, num_threads)
         meta = _metadata(self.decoder)
         missing = [k for k in ("vocab_size", "context_size") if k not in meta]
         if missing:
@@ -110,7 +110,7 @@ class OnnxOfflineModel(_DecoderJoiner):
     def __init__(self, encoder: Path | str, decoder: Path | str, joiner: Path | str, num_threads: int = 1,
                  unk_id: Optional[int] = None):
         super().__init__(decoder, joiner, num_threads, unk_id)
-        self.encoder = _session(encoder, num_threads)
+        self.encoder = _ort_model(encoder, num_threads)
         self.metadata = _metadata(self.encoder)
         if "decode_chunk_len" in self.metadata:
             raise ValueError(f"{encoder} is a streaming encoder; load it with OnnxStreamingModel")
@@ -144,7 +144,7 @@ class OnnxStreamingModel(_DecoderJoiner):
     def __init__(self, encoder: Path | str, decoder: Path | str, joiner: Path | str, num_threads: int = 1,
                  unk_id: Optional[int] = None):
         super().__init__(decoder, joiner, num_threads, unk_id)
-        self.encoder = _session(encoder, num_threads)
+        self.encoder = _ort_model(encoder, num_threads)
         meta = self.metadata = _metadata(self.encoder)
         keys = ("encoder_dims", "num_encoder_layers", "query_head_dims", "value_head_dims", "num_heads",
                 "cnn_module_kernels", "left_context_len", "T", "decode_chunk_len")
@@ -239,7 +239,7 @@ def load_onnx_model(model_dir: Path | str, variant: Optional[str] = None, num_th
     if missing:
         raise FileNotFoundError(f"{model_dir} lacks {', '.join(missing)}; export the model first (the recipe's "
                                 f"export.py{' --' + variant if variant else ''})")
-    encoder_meta = _metadata(_session(paths[0], 1))
+    encoder_meta = _metadata(_ort_model(paths[0], 1))
     cls = OnnxStreamingModel if "decode_chunk_len" in encoder_meta else OnnxOfflineModel
     unk_id = None
     tokens = model_dir / "tokens.txt"

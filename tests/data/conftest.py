@@ -1,4 +1,4 @@
-"""A tiny synthetic corpus shared by the data tests (generated once per test session)."""
+"""A tiny synthetic corpus shared by the data tests (generated once per test run)."""
 
 import pytest
 

@@ -23,7 +23,7 @@ def test_precomputed_shapes_and_idempotence(tiny_fbank, caplog):
     for split, split_cuts in cuts.items():
         for cut in split_cuts:
             feats = cut.load_features()
-            expected_frames = (cut.recording.num_samples + 80) // 160  # independent of lhotse's helper
+            expected_frames = (cut.recording.num_samples + 80) // 160  # independent of lhotse's own frame count
             assert feats.shape == (expected_frames, 80) and feats.dtype == np.float32
             assert np.isfinite(feats).all()
     loaded = load_fbank_cuts(out)

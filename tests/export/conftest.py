@@ -1,5 +1,5 @@
 """Fixtures for the export tests: tiny transducers whose greedy search emits varied tokens, a matching tokenizer, a
-handful of espeak utterances, and (export tier) the models exported once per session.
+handful of espeak utterances, and (export tier) the models exported once per test run.
 
 The models have random weights, made decisive on purpose: the encoders' residual branches are scaled up (a fresh
 model's branches start tiny, so a wrong cache or layout would change its output by ~1e-4 only), the joiner's

@@ -12,7 +12,7 @@ import torch
 pytestmark = pytest.mark.export
 
 
-def _sessions(ex):
+def _ort_models(ex):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -32,7 +32,7 @@ def _close(got, want, what):
     ("conformer", [[7], [10], [11], [64], [203], [1601], [250, 249, 7], [101, 100, 40]]),
 ])
 def test_offline_encoder(exported, models, kind, lengths):
-    enc_sess, _, _ = _sessions(exported[kind])
+    enc_ort, _, _ = _ort_models(exported[kind])
     model = models[kind]
     g = torch.Generator().manual_seed(5)
     for lens in lengths:
@@ -42,27 +42,27 @@ def test_offline_encoder(exported, models, kind, lengths):
         with torch.no_grad():
             want, want_lens = model.encode(x, lens_t)
             want = model.joiner.encoder_proj(want)
-        got, got_lens = enc_sess.run(None, {"x": x.numpy(), "x_lens": lens_t.numpy()})
+        got, got_lens = enc_ort.run(None, {"x": x.numpy(), "x_lens": lens_t.numpy()})
         assert got_lens.tolist() == want_lens.tolist(), lens
         for i, n in enumerate(want_lens.tolist()):
             _close(got[i, :n], want[i, :n].numpy(), f"{kind} encoder, lengths {lens}, row {i}")
 
 
 def test_decoder_and_joiner(exported, models):
-    _, dec_sess, join_sess = _sessions(exported["zipformer"])
+    _, dec_ort, join_ort = _ort_models(exported["zipformer"])
     model = models["zipformer"]
     y = torch.tensor([[-1, 0], [-1, 5], [3, 9], [63, 1], [0, 0]])
     with torch.no_grad():
         # asrprec's own search starts from blanks where sherpa-onnx sends -1
         want = model.joiner.decoder_proj(model.predict(y.clamp(min=0))).squeeze(1)
-    got = dec_sess.run(None, {"y": y.numpy()})[0]
+    got = dec_ort.run(None, {"y": y.numpy()})[0]
     _close(got, want.numpy(), "decoder")
     g = torch.Generator().manual_seed(6)
     enc = torch.randn(7, model.joiner.joiner_dim, generator=g)
     dec = torch.randn(7, model.joiner.joiner_dim, generator=g)
     with torch.no_grad():
         want = model.joiner(enc, dec, project_input=False)
-    got = join_sess.run(None, {"encoder_out": enc.numpy(), "decoder_out": dec.numpy()})[0]
+    got = join_ort.run(None, {"encoder_out": enc.numpy(), "decoder_out": dec.numpy()})[0]
     _close(got, want.numpy(), "joiner")
 
 

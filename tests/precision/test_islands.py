@@ -46,7 +46,7 @@ def test_fp32_island_output_input_casts_back():
     assert norm(x).dtype == torch.bfloat16
 
 
-def test_helpers_report_the_precision_in_force():
+def test_island_functions_report_the_precision_in_force():
     for dt, up in ((torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float32, torch.float32),
                    (torch.float64, torch.float64)):
         x = torch.ones(2, dtype=dt)

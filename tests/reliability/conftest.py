@@ -1,4 +1,4 @@
-"""Fault-injection tests: the tiny corpus of :mod:`corpus`, built once per session."""
+"""Fault-injection tests: the tiny corpus of :mod:`corpus`, built once per test run."""
 
 import shutil
 
