@@ -9,7 +9,11 @@ Precision modes (the same weights every time):
   NeMo's choice for inference (NVIDIA/NeMo PR #9198 reports ~15 % higher RTFx than autocast on GPUs).
 
 Methods: ``greedy_search`` (frame-looping), ``label_looping`` (:class:`asrprec.decoding.LabelLoopingGreedy`,
-eager), ``label_looping_graphs`` (the same, captured as CUDA graphs; CUDA only) and ``modified_beam_search``.
+eager), ``label_looping_graphs`` (the same, captured as CUDA graphs; CUDA only) and ``modified_beam_search``; on a
+model with a CTC head (a hybrid decodes both heads; ``--synthetic --ctc`` builds one) ``ctc_greedy_search`` and
+``ctc_prefix_beam_search`` (``--beam``). A TDT model (``--loss tdt``) runs the TDT searches under the same names
+(:func:`asrprec.decoding.tdt_greedy_search`, :class:`asrprec.decoding.TdtLabelLoopingGreedy`,
+:func:`asrprec.decoding.tdt_modified_beam_search`); ``benchmarks/tdt_decode.py`` sets TDT against RNN-T.
 
 Each row: WER (%), RTFx = audio seconds / (encoder + search) seconds, by the wall clock and by this process's CPU
 time (on a shared machine the wall clock also counts the time the process waits for a core; with one thread the
@@ -37,14 +41,18 @@ from pathlib import Path
 
 import torch
 
-from asrprec.decoding import LabelLoopingGreedy, greedy_search, modified_beam_search
+from asrprec.data.frames import FRAME_SHIFT_S
+from asrprec.decoding import (
+    LabelLoopingGreedy, TdtLabelLoopingGreedy, check_method, ctc_greedy_search, ctc_prefix_beam_search, greedy_search,
+    is_tdt, modified_beam_search, tdt_greedy_search, tdt_modified_beam_search,
+)
 from asrprec.metrics import compute_wer
 from asrprec.models import build_transducer
 from asrprec.precision import get_policy
 
 MODES = ("fp32", "autocast-bf16", "autocast-fp16", "cast-bf16", "cast-fp16")
-METHODS = ("greedy_search", "label_looping", "label_looping_graphs", "modified_beam_search")
-FRAME_SHIFT_S = 0.01
+METHODS = ("greedy_search", "label_looping", "label_looping_graphs", "modified_beam_search", "ctc_greedy_search",
+           "ctc_prefix_beam_search")
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -63,6 +71,7 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--utts", type=int, default=32, help="--synthetic: utterances (one batch)")
     p.add_argument("--seconds", type=float, default=8.0, help="--synthetic: longest utterance (others 50-100 %%)")
     p.add_argument("--token-rate", type=float, default=0.3, help="--synthetic: greedy tokens per encoder frame")
+    p.add_argument("--ctc", action="store_true", help="--synthetic: add a CTC head (its blank calibrated alike)")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--methods", default="greedy_search,label_looping,label_looping_graphs,modified_beam_search")
     p.add_argument("--beam", type=int, default=4)
@@ -101,27 +110,45 @@ def load_trained(args) -> tuple[torch.nn.Module, list[dict], object]:
 
 def make_synthetic(args) -> tuple[torch.nn.Module, list[dict], None]:
     torch.manual_seed(0)
-    model = build_transducer(encoder=args.encoder, size=args.size, vocab_size=args.vocab).eval()
+    model = build_transducer(encoder=args.encoder, size=args.size, vocab_size=args.vocab,
+                             ctc={} if args.ctc else None).eval()
     g = torch.Generator().manual_seed(0)
     frames = int(args.seconds / FRAME_SHIFT_S)
     lens = torch.linspace(frames // 2, frames, args.utts).long().flip(0)
     feats = torch.randn(args.utts, frames, 80, generator=g)
     batches = [{"features": feats, "feature_lens": lens, "texts": None}]
     _calibrate_blank(model, batches[0], args.token_rate)
+    if args.ctc:
+        _vary_ctc_head(model, batches[0])
+        _calibrate_blank(model, batches[0], args.token_rate, ctc=True)
     return model, batches, None
 
 
 @torch.inference_mode()
-def _calibrate_blank(model, batch, rate: float) -> None:
-    """Shift the blank logit (bisection) until greedy search emits about ``rate`` tokens per encoder frame."""
+def _vary_ctc_head(model, batch) -> None:
+    """Random CTC weights on the centred, scaled encoder output: a fresh encoder's output is mostly a per-channel
+    constant, on which a random head would emit the same token on every frame."""
+    enc, _ = model.encode(batch["features"], batch["feature_lens"])
+    mean, std = enc.mean(dim=(0, 1)), enc.std(dim=(0, 1))
+    lin = model.ctc_output[1]
+    lin.weight.copy_(torch.randn(lin.weight.shape, generator=torch.Generator().manual_seed(1)) * 3.0
+                     / enc.shape[-1] ** 0.5 / std)
+    lin.bias.copy_(-(lin.weight @ mean))
+
+
+@torch.inference_mode()
+def _calibrate_blank(model, batch, rate: float, ctc: bool = False) -> None:
+    """Shift the blank logit (bisection) until greedy search (``ctc``: of the CTC head) emits about ``rate`` tokens
+    per encoder frame."""
     enc, lens = model.encode(batch["features"], batch["feature_lens"])
-    bias = model.joiner.output_linear.bias
+    bias = model.ctc_output[1].bias if ctc else model.joiner.output_linear.bias
     base = bias[model.blank_id].item()
     lo, hi = -20.0, 20.0
     for _ in range(14):
         mid = (lo + hi) / 2
         bias[model.blank_id] = base + mid
-        got = sum(map(len, greedy_search(model, enc, lens))) / float(lens.sum())
+        hyps = ctc_greedy_search(model.ctc_log_probs(enc), lens) if ctc else greedy_search(model, enc, lens)
+        got = sum(map(len, hyps)) / float(lens.sum())
         lo, hi = (mid, hi) if got > rate else (lo, mid)
     bias[model.blank_id] = base + (lo + hi) / 2
 
@@ -155,12 +182,22 @@ def _sync(device: str) -> None:
 
 
 def searcher(model, method: str, args):
+    if method == "ctc_greedy_search":
+        return lambda enc, lens: ctc_greedy_search(model.ctc_log_probs(enc), lens, blank_id=model.blank_id)
+    if method == "ctc_prefix_beam_search":
+        return lambda enc, lens: ctc_prefix_beam_search(model.ctc_log_probs(enc), lens, args.beam,
+                                                        blank_id=model.blank_id)
+    tdt = is_tdt(model)  # a TDT joiner: the searches that jump by the predicted durations
     if method == "greedy_search":
-        return lambda enc, lens: greedy_search(model, enc, lens, max_sym_per_frame=args.max_sym_per_frame)
+        greedy = tdt_greedy_search if tdt else greedy_search
+        return lambda enc, lens: greedy(model, enc, lens, max_sym_per_frame=args.max_sym_per_frame)
     if method == "modified_beam_search":
+        if tdt:
+            return lambda enc, lens: tdt_modified_beam_search(model, enc, lens, args.beam, args.max_sym_per_frame)
         return lambda enc, lens: modified_beam_search(model, enc, lens, beam=args.beam)
     graphs = method == "label_looping_graphs"
-    return LabelLoopingGreedy(model, args.max_sym_per_frame, use_cuda_graphs=graphs)
+    looping = TdtLabelLoopingGreedy if tdt else LabelLoopingGreedy
+    return looping(model, args.max_sym_per_frame, use_cuda_graphs=graphs)
 
 
 @torch.inference_mode()
@@ -202,6 +239,11 @@ def main(argv=None) -> str:
     if "label_looping_graphs" in methods and not args.device.startswith("cuda"):
         methods.remove("label_looping_graphs")  # CUDA graphs exist only on CUDA devices
     model, batches, tokenizer = make_synthetic(args) if args.synthetic else load_trained(args)
+    for method in methods:  # a method the model has no head for (a CTC method without --ctc / --use-ctc ...)
+        try:
+            check_method(model, "greedy_search" if method.startswith("label_looping") else method)
+        except ValueError as e:
+            raise SystemExit(f"--methods {method}: {e}") from None
     audio = sum(float(b["feature_lens"].sum()) for b in batches) * FRAME_SHIFT_S
     refs = [t.split() for b in batches for t in (b["texts"] or [])]
     n_utts = sum(len(b["feature_lens"]) for b in batches)

@@ -2,10 +2,13 @@
 
     python benchmarks/gpu_check.py SECTION [--device cuda] [--dry-run]
 
-Sections: ``loss-check`` (numba-cuda against the float64 reference; exit 1 on a failed case), ``lean`` (joint +
+Sections: ``loss-check`` (numba-cuda against the float64 reference; exit 1 on a failed case), ``tdt-check``
+(the same for the TDT loss, then TDT vs RNN-T numba-cuda time and peak memory), ``lean`` (joint +
 loss memory and time: full logits with numba-cuda vs the memory-lean loss), ``train-step`` (a transducer training
-step per precision policy), ``optimizer`` (ScaledAdam, stacked vs per tensor) and ``streaming-check`` (streaming
-vs simulated streaming). ``--dry-run`` runs the same code at toy sizes on the CPU (numba-cuda in its simulator when
+step per precision policy), ``step-memory`` (a whole step's peak allocated and reserved memory against
+its fake-tensor projection), ``optimizer`` (ScaledAdam, stacked vs per tensor), ``bf16-update`` (optimizer
+step time and state per ``--bf16-update`` rule) and ``streaming-check`` (streaming vs simulated streaming).
+``--dry-run`` runs the same code at toy sizes on the CPU (numba-cuda in its simulator when
 ``NUMBA_ENABLE_CUDASIM=1``), so that a GPU run cannot fail on a typo.
 """
 
@@ -107,6 +110,95 @@ def loss_check(device: str, dry: bool) -> int:
         err = (grad.double() - xr.grad).abs().max().item()
         print(f"gradient of fp16 logits stored as {str(grad.dtype)[6:]}: max |Δgrad| vs fp64 reference = {err:.2e}")
     print(f"\nfailed cases: {fails}")
+    return 1 if fails else 0
+
+
+# -- 1b. the TDT loss: numba-cuda against the float64 reference, then its speed next to the RNN-T kernels ----
+def tdt_check(device: str, dry: bool) -> int:
+    from asrprec.losses import numba_cuda, rnnt_loss, tdt_loss
+    from asrprec.losses.numba_cuda import numba_cuda_probe
+
+    if dry:
+        numba_cuda.set_threads_per_block(v=4, dp=4)
+    ok, reason = numba_cuda_probe()
+    print(f"probe: ok={ok} {reason}")
+    if not ok:
+        return 1
+    fails = 0
+
+    def inputs(B, T, U, V, dtype, durations, blank=0, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        x = (torch.randn(B, T, U + 1, V + len(durations), generator=g) * 2).to(dtype).to(device)
+        labels = torch.tensor([v for v in range(V) if v != blank])
+        tg = labels[torch.randint(0, len(labels), (B, U), generator=g)].to(device)
+        return x, tg, torch.full((B,), T, device=device), torch.full((B,), U, device=device)
+
+    def case(name, B, T, U, V, dtype, durations, blank=0, sigma=0.0, ragged=False):
+        nonlocal fails
+        x, tg, tl, ul = inputs(B, T, U, V, dtype, durations, blank)
+        if ragged and B > 1:
+            tl[1], ul[1] = max(1, T // 2), U // 2
+        kw = dict(durations=durations, blank=blank, sigma=sigma, reduction="none")
+        xr = x.double().requires_grad_()
+        ref = tdt_loss(xr, tg, tl, ul, backend="torch", **kw)
+        ref.sum().backward()
+        xx = x.clone().requires_grad_()
+        _sync(device)
+        t0 = time.time()
+        got = tdt_loss(xx, tg, tl, ul, backend="numba-cuda", **kw)
+        got.sum().backward()
+        _sync(device)
+        rel = ((got.double() - ref) / ref).abs().max().item()
+        gerr = (xx.grad.double() - xr.grad).abs().max().item()
+        pad = 0.0
+        if ragged and B > 1:
+            pad = max(xx.grad[1, int(tl[1]):].abs().max().item() if int(tl[1]) < T else 0.0,
+                      xx.grad[1, :, int(ul[1]) + 1:].abs().max().item())
+        tol = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+        good = rel < 1e-5 and gerr < tol and pad == 0.0
+        fails += not good
+        print(f"| {name} | {str(dtype)[6:]} | {durations} | {B},{T},{U},{V} | {rel:.2e} | {gerr:.2e} | {pad:.1e} | "
+              f"{time.time() - t0:.2f} | {'PASS' if good else 'FAIL'} |", flush=True)
+
+    print("| case | dtype | durations | B,T,U,V | max rel Δloss | max abs Δgrad | max pad grad | s | result |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        case("basic, ragged", *((2, 3, 2, 5) if dry else (4, 50, 20, 128)), dt, (0, 1, 2, 3, 4), ragged=True)
+        case("sigma, blank=V-1", *((1, 4, 2, 6) if dry else (2, 30, 10, 64)), dt, (1, 2, 4),
+             blank=5 if dry else 63, sigma=0.05)
+        # U+1 beyond 1024: NeMo's TDT kernels launch one thread per u
+        case("long U", *((1, 2, 9, 3) if dry else (1, 8, 1500, 16)), dt, (0, 1, 2))
+    print(f"\nfailed TDT cases: {fails}\n")
+
+    durations = (0, 1, 2, 3, 4)
+    print(f"fwd+bwd, median of {1 if dry else 3} after a warm-up, the two losses in alternation; "
+          f"TDT durations {durations}\n")
+    print("| B,T,U,V | dtype | RNN-T numba-cuda ms | TDT numba-cuda ms | TDT / RNN-T | RNN-T peak GB | TDT peak GB |")
+    print("|---|---|---|---|---|---|---|")
+    for B, T, U, V in [(1, 2, 1, 4)] if dry else [(8, 200, 100, 1024), (32, 200, 100, 1024)]:
+        for dt in (torch.float32,) if dry else (torch.float32, torch.bfloat16):
+            xt, tg, tl, ul = inputs(B, T, U, V, dt, durations)
+            xr = xt[..., :V].contiguous()
+            runs = {
+                "rnnt": lambda z: rnnt_loss(z, tg, tl, ul, backend="numba-cuda", reduction="sum"),
+                "tdt": lambda z: tdt_loss(z, tg, tl, ul, durations=durations, backend="numba-cuda", reduction="sum"),
+            }
+            args = {"rnnt": xr, "tdt": xt}
+            times, peaks = {k: [] for k in runs}, {}
+            for i in range(2 if dry else 4):
+                for k, fn in runs.items():
+                    z = args[k].detach().requires_grad_()
+                    base = _peak_reset(device)
+                    t0 = time.perf_counter()
+                    fn(z).backward()
+                    _sync(device)
+                    if i:
+                        times[k].append(time.perf_counter() - t0)
+                    peaks[k] = _peak_gb(device, base)
+                    del z
+            ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+            print(f"| {B},{T},{U},{V} | {str(dt)[6:]} | {ms['rnnt']:.1f} | {ms['tdt']:.1f} | "
+                  f"{ms['tdt'] / ms['rnnt']:.2f}x | {peaks['rnnt']} | {peaks['tdt']} |", flush=True)
     return 1 if fails else 0
 
 
@@ -239,6 +331,46 @@ def optimizer(device: str, dry: bool) -> int:
     return 0
 
 
+# -- 4b. bf16 weight updates: optimizer step time and state per update ------------------------------------
+def bf16_update(device: str, dry: bool) -> int:
+    from asrprec.models import build_transducer
+    from asrprec.optim import ScaledAdam
+    from asrprec.precision import get_policy
+
+    size = "tiny" if dry else "medium"
+    steps = 3 if dry else 20
+    print(f"Zipformer {size} transducer, bf16 policy: optimizer step (median of {steps} after 2 warm-up steps) and "
+          "optimizer state (fp32 masters included) per update rule\n")
+    print("| optimizer | update | ms per step | optimizer state GiB |")
+    print("|---|---|---|---|")
+    factories = {"scaled_adam": lambda ps: ScaledAdam(ps, lr=0.045, clipping_scale=2.0),
+                 "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3)}
+    for name, factory in factories.items():
+        for update, moments in (("master", False), ("kahan", False), ("stochastic", False), ("none", False),
+                                ("stochastic", True)):
+            torch.manual_seed(0)
+            pol = get_policy("bf16", device, bf16_update=update, bf16_moments=moments)
+            m = pol.prepare_model(build_transducer(encoder="zipformer", size=size, vocab_size=500))
+            opt = pol.build_optimizer([p for p in m.parameters()], factory)
+            times = []
+            for i in range(steps + 2):
+                for p in m.parameters():
+                    p.grad = torch.randn_like(p) * 1e-3
+                _sync(device)
+                t0 = time.perf_counter()
+                opt.step()
+                _sync(device)
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            state = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+            state += list(getattr(opt, "_masters", []))
+            gib = sum(t.numel() * t.element_size() for t in state) / 2**30
+            label = update + (" + bf16 moments" if moments else "")
+            print(f"| {name} | {label} | {statistics.median(times) * 1e3:.1f} | {gib:.3f} |")
+            del m, opt, state
+    return 0
+
+
 # -- 5. streaming vs simulated streaming --------------------------------------------------------------------
 def streaming_check(device: str, dry: bool) -> int:
     from asrprec.decoding import streaming_encode
@@ -266,8 +398,78 @@ def streaming_check(device: str, dry: bool) -> int:
     return 0
 
 
-SECTIONS = {"loss-check": loss_check, "lean": lean, "train-step": train_step, "optimizer": optimizer,
-            "streaming-check": streaming_check}
+# -- 3b. a whole training step's memory: measured against the fake-tensor projection --------------------------
+def step_memory(device: str, dry: bool) -> int:
+    """One training step per policy, after a first step that creates the optimizer state: peak allocated and
+    reserved memory against ``benchmarks/memory_step.py``'s projection of the same step (taken from
+    ``benchmarks/data/results.json``; the dry run projects its toy step on the spot and "measures" it with
+    LiveMemoryTracker on real CPU tensors)."""
+    import json
+    from pathlib import Path
+
+    from asrprec.precision import POLICIES, UnsupportedPrecisionError, get_policy
+    from asrprec.precision.memory_step import project_step
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from memory_step import asrprec_step, batch_maker, optimizer_factory
+
+    size, B, frames, U, V = ("tiny", 2, 120, 4, 64) if dry else ("medium", 64, 1500, 45, 500)
+    build, loss_fn = asrprec_step(size, V, "pruned", "full", 5)
+    make, opt = batch_maker(B, frames, U, V), optimizer_factory("scaled_adam")
+    policies = ("bf16",) if dry else POLICIES  # the dry run's fake Zipformer step takes a minute per policy
+    results = Path(__file__).resolve().parent / "data" / "results.json"
+    projected = {} if dry else json.loads(results.read_text()).get("step_memory", {}).get("gpu_check", {})
+    print(f"Zipformer {size}, pruned loss, ScaledAdam, one GPU (no DDP); batch {B} x {frames / 100:g} s, U={U}, "
+          f"V={V}; MB = 10^6 bytes\n")
+    print("| policy | projected peak MB (lower bound) | max_memory_allocated MB | memory_reserved MB | "
+          "projected / allocated | projected / reserved |")
+    print("|---|---|---|---|---|---|")
+    for name in policies:
+        try:
+            policy = get_policy(name, device)
+        except UnsupportedPrecisionError as e:
+            print(f"| {name} | unsupported here: {e} | - | - | - | - |")
+            continue
+        if dry:
+            proj = project_step(build, make, loss_fn, name, opt, cuda_forward=False).peak_cuda_estimate
+            real = project_step(build, make, loss_fn, name, opt, fake=False)
+            alloc, reserved = real.peak, None
+        else:
+            proj = projected.get(name, {}).get("peak_cuda_estimate")
+            model = policy.prepare_model(build()).train()
+            params = [p for p in model.parameters() if p.requires_grad]
+            optim = policy.build_optimizer(params, opt)
+            scaler = policy.make_scaler()
+            batch = make(torch.device(device))
+            for i in range(2):  # the first step creates the optimizer state; the second is measured
+                if i == 1:
+                    _peak_reset(device)
+                with policy.autocast():
+                    loss = loss_fn(model, batch)
+                scaler.scale(loss).backward()
+                del loss
+                scaler.step(optim)
+                scaler.update()
+                optim.zero_grad(set_to_none=True)
+            _sync(device)
+            alloc, reserved = torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved()
+            del model, optim, scaler, batch, params
+            torch.cuda.empty_cache()
+
+        def mb(n):
+            return f"{n / 1e6:,.0f}" if n else "-"
+
+        def ratio(n):
+            return f"{proj / n:.2f}" if proj and n else "-"
+
+        print(f"| {name} | {mb(proj)} | {mb(alloc)} | {mb(reserved)} | {ratio(alloc)} | {ratio(reserved)} |",
+              flush=True)
+    return 0
+
+
+SECTIONS = {"loss-check": loss_check, "tdt-check": tdt_check, "lean": lean, "train-step": train_step,
+            "step-memory": step_memory,
+            "optimizer": optimizer, "bf16-update": bf16_update, "streaming-check": streaming_check}
 
 
 def main(argv=None) -> int:

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# One-shot GPU check: every GPU number the project still lacks, appended to benchmarks/RESULTS.md, in under
-# 5 minutes on one H100/H200-class GPU (each step has a wall-clock cap; the caps add up to 285 s). From the repo root:
+# One-shot GPU check: every GPU number the project still lacks, appended to benchmarks/RESULTS.md, in about
+# 5 minutes on one H100/H200-class GPU (each step has a wall-clock cap; the caps add up to 365 s). From the repo root:
 #   PYTHONPATH=. bash benchmarks/gpu_check.sh             # needs torch with CUDA, numba-cuda, torchaudio
 #   PYTHONPATH=. bash benchmarks/gpu_check.sh --dry-run   # rehearsal on the CPU: every step at toy size,
 #                                                         # numba-cuda in its simulator, tables to a temp file
 # Steps:
 #  1. numba-cuda loss vs the float64 reference: fp32/fp16/bf16, ragged, blank=V-1, clamp+FastEmit, U=2000
 #     (beyond NeMo's U+1 <= 1024 limit), fp16 vs fp32 gradient storage (a failed case makes the exit non-zero);
+#  1b. the TDT loss: numba-cuda vs the float64 reference (fp32/fp16/bf16, sigma, durations without 0, U=1500),
+#     then TDT vs RNN-T numba-cuda fwd+bwd time and peak memory at B=8/32, T=200, U=100, V=1024;
 #  2. loss kernels: numba-cuda and the torch reference, torchaudio CUDA as peer; time and peak memory,
 #     fp32/fp16/bf16, a subset of the NeMo blog grid;
 #  3. memory-lean loss vs full logits at B=32, T=200, U=200, V=1024, H=640 (fp32 and bf16 autocast);
 #  4. Zipformer medium training step per precision policy (time, peak memory: bf16 vs amp-fp16);
+#  4b. the same step's peak allocated and reserved memory against its fake-tensor projection
+#      (benchmarks/memory_step.py; the projected numbers come from benchmarks/data/results.json);
 #  5. ScaledAdam step, stacked vs per tensor;
+#  5b. bf16 weight updates (master, kahan, stochastic, none): optimizer step time and state;
 #  6. streaming Zipformer: streaming vs simulated streaming, then cost per chunk and RTFx;
 #  7. decoding: RTFx of greedy (frame-looping), label-looping without and with CUDA graphs and modified beam
 #     search, under fp32, autocast bf16/fp16 and whole-model bf16/fp16 casts (synthetic data, random weights).
@@ -60,11 +65,15 @@ if [ "$DRY" = 1 ]; then
 fi
 
 step 45 "numba-cuda RNN-T loss vs the float64 reference" $SIM $PY benchmarks/gpu_check.py loss-check $FLAG
+step 60 "numba-cuda TDT loss vs the float64 reference; TDT vs RNN-T kernels" $SIM $PY benchmarks/gpu_check.py tdt-check $FLAG
 step 60 "RNN-T loss backends: fwd+bwd time and peak memory beyond the inputs (NeMo blog grid subset)" \
   $SIM $PY benchmarks/rnnt_loss.py "${LOSS_ARGS[@]}"
 step 25 "Joint + loss: full logits vs the memory-lean loss" $PY benchmarks/gpu_check.py lean $FLAG
 step 50 "Training step per precision policy (peak = max_memory_allocated)" $PY benchmarks/gpu_check.py train-step $FLAG
+step 40 "Whole-step memory: projected (fake tensors) vs max_memory_allocated and memory_reserved" \
+  $PY benchmarks/gpu_check.py step-memory $FLAG
 step 15 "ScaledAdam step" $PY benchmarks/gpu_check.py optimizer $FLAG
+step 20 "bf16 weight updates: optimizer step time and state per --bf16-update" $PY benchmarks/gpu_check.py bf16-update $FLAG
 step 15 "Streaming vs simulated streaming" $PY benchmarks/gpu_check.py streaming-check $FLAG
 step 25 "Streaming Zipformer: cost per chunk and RTFx (benchmarks/streaming.py)" $PY benchmarks/streaming.py "${STREAM_ARGS[@]}"
 step 50 "Decoding: precision modes x methods, label-looping with and without CUDA graphs (benchmarks/decode.py)" \

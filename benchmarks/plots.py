@@ -9,8 +9,9 @@ The numbers come from ``benchmarks/data/results.json``, which records what the b
 
 * ``loss_backends.png``: RNN-T loss forward+backward time and extra memory on CPU, asrprec's numba backend
   against torchaudio, per logits dtype;
-* ``memory_per_policy.png``: activation memory saved for backward (measured) and the projected GPU peak of a
-  Zipformer step (fake tensors, labelled as a projection) per precision policy;
+* ``memory_per_policy.png``: activation memory saved for backward (measured), and the projected peak of a whole
+  Zipformer-medium training step (fake tensors: a lower bound) for asrprec and icefall at the same batch by the same
+  tool, part by part, with icefall's published measurements beside them;
 * ``recipe_training.png``: the embedded recipe's validation loss per epoch and its test WER per precision policy.
 """
 
@@ -83,19 +84,54 @@ def _bars_by_preset(ax, rows: list[dict], key: str = "mb") -> None:
 
 def plot_memory(data: dict, out: Path) -> Path:
     plt = _pyplot()
-    fig, (ax_a, ax_p) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_a, ax_p) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1, 1.5]})
     _bars_by_preset(ax_a, data["activation_memory"]["rows"])
     ax_a.set_ylabel("saved for backward (MB)")
     ax_a.set_title("Zipformer activations, B=4 x 10 s (measured, CPU)")
-    _bars_by_preset(ax_p, data["gpu_memory_projection"]["rows"])
-    ax_p.set_ylabel("peak (MB)")
-    ax_p.set_title("Zipformer step, 64 x 15 s: PROJECTED GPU peak")
-    fig.text(0.01, 0.01, "projection: " + data["gpu_memory_projection"]["source"], fontsize=7)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    _step_memory_bars(ax_p, data["step_memory"])
+    fig.text(0.01, 0.01, "right: " + data["step_memory"]["source"], fontsize=7, wrap=True)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     path = out / "memory_per_policy.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+STEP_PARTS = (("model + optimizer", ("parameters", "buffers", "master_weights", "master_gradients", "optimizer_state",
+                                     "ddp_buckets", "inputs"), "tab:gray"),
+              ("activations, gradients at the peak", ("activations_at_peak",), "tab:blue"),
+              ("CUDA autocast extra", ("cuda_autocast_extra",), "tab:purple"))
+
+
+def _step_memory_bars(ax, sm: dict) -> None:
+    """Whole-step projected peak (stacked parts) for icefall and asrprec at the same batch, by the same tool,
+    with icefall's published measurement beside each policy."""
+    bars = []  # (label, parts dict or None, measured MB or None)
+    for policy in POLICIES:
+        if policy in sm["icefall"]:
+            bars.append((f"icefall\n{policy}", sm["icefall"][policy], None))
+        if policy in sm["icefall_measured_mb"]:
+            bars.append((f"icefall\n{policy}\nmeasured", None, sm["icefall_measured_mb"][policy]))
+        if policy in sm["asrprec"]:
+            bars.append((f"asrprec\n{policy}", sm["asrprec"][policy], None))
+    x = range(len(bars))
+    labelled = set()
+    for i, (_, parts, measured) in enumerate(bars):
+        if parts is None:
+            ax.bar(i, measured, 0.7, color="white", edgecolor="black", hatch="//",
+                   label=None if "measured" in labelled else "icefall measured (PR #1700)")
+            labelled.add("measured")
+            continue
+        bottom = 0.0
+        for name, keys, color in STEP_PARTS:
+            v = sum(parts[k] for k in keys) / 1e6
+            ax.bar(i, v, 0.7, bottom=bottom, color=color, label=None if name in labelled else name)
+            labelled.add(name)
+            bottom += v
+    ax.set_xticks(list(x), [b[0] for b in bars], fontsize=7)
+    ax.set_ylabel("MB (10^6 bytes)")
+    ax.set_title(f"Zipformer medium, whole training step: PROJECTED (lower bound)\n{sm['batch_label']}", fontsize=9)
+    ax.legend(fontsize=7)
 
 
 def plot_recipe(data: dict, out: Path) -> Path:

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -63,3 +65,17 @@ def test_plots_render_every_figure_the_readme_shows(tmp_path):
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
         assert (ROOT / "docs" / p.name).is_file(), f"docs/{p.name} is not committed; run python benchmarks/plots.py"
+
+
+@pytest.mark.slow  # the synthetic model's two blank calibrations decode the batch 28 times
+def test_decode_benchmark_times_the_ctc_head_beside_the_transducer():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, str(ROOT / "benchmarks" / "decode.py"), "--synthetic", "--modes", "fp32", "--methods",
+            "greedy_search,ctc_greedy_search,ctc_prefix_beam_search", "--utts", "2", "--seconds", "1", "--vocab", "20",
+            "--runs", "1", "--threads", "1"]
+    p = subprocess.run(args + ["--ctc"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line.split("|")[2].strip() for line in p.stdout.splitlines() if line.startswith("| fp32")]
+    assert rows == ["greedy_search", "ctc_greedy_search", "ctc_prefix_beam_search"]
+    p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)  # no CTC head without --ctc
+    assert p.returncode != 0 and "--use-ctc" in p.stderr

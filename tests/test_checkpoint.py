@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-import asrprec.checkpoint as ckpt_mod
 from asrprec.checkpoint import (
     CheckpointMismatchError,
     CheckpointPolicyWarning,
@@ -167,7 +166,7 @@ def test_atomic_write_keeps_old_checkpoint(tmp_path, monkeypatch):
         real_save({"partial": torch.zeros(1000)}, f)  # some bytes reach the temp file, then the failure
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt_mod.torch, "save", failing_save)
+    monkeypatch.setattr(torch, "save", failing_save)
     with torch.no_grad():
         model[0].weight.add_(1.0)
     with pytest.raises(OSError, match="disk full"):
@@ -292,10 +291,10 @@ def test_latest_and_newer_checkpoints_follow_the_training_position(tmp_path):
     assert names(newer_checkpoints(tmp_path, (4, 1, True))) == ["checkpoint-6.pt"]
     # an unreadable newest file is passed over; a leftover of a killed write is no checkpoint and is removed
     (tmp_path / "checkpoint-8.pt").write_bytes(b"PK\x03\x04 truncated")
-    (tmp_path / ".checkpoint-9.pt.x1y2z3.tmp").write_bytes(b"half")
+    (tmp_path / ".tmp-x1y2z3-checkpoint-9.pt").write_bytes(b"half")
     assert find_latest_checkpoint(tmp_path).name == "checkpoint-6.pt"
-    assert names(remove_stale_temporaries(tmp_path)) == [".checkpoint-9.pt.x1y2z3.tmp"]
-    assert not (tmp_path / ".checkpoint-9.pt.x1y2z3.tmp").exists()
+    assert names(remove_stale_temporaries(tmp_path)) == [".tmp-x1y2z3-checkpoint-9.pt"]
+    assert not (tmp_path / ".tmp-x1y2z3-checkpoint-9.pt").exists()
 
 
 def test_unreadable_checkpoints_are_named_with_the_fix(tmp_path):

@@ -13,8 +13,10 @@ import pytest
 pytestmark = pytest.mark.compile
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["numba-cuda RNN-T loss vs the float64 reference", "RNN-T loss backends", "Joint + loss",
-         "Training step per precision policy", "ScaledAdam step", "Streaming vs simulated streaming",
+STEPS = ["numba-cuda RNN-T loss vs the float64 reference", "numba-cuda TDT loss vs the float64 reference",
+         "RNN-T loss backends", "Joint + loss",
+         "Training step per precision policy", "Whole-step memory", "ScaledAdam step", "bf16 weight updates",
+         "Streaming vs simulated streaming",
          "Streaming Zipformer", "Decoding: precision modes x methods"]
 
 
@@ -28,7 +30,7 @@ def test_gpu_check_dry_run(tmp_path):
     text = out.read_text()
     titles = re.findall(r"^#### (.+)$", text, flags=re.M)
     assert len(titles) == len(STEPS) and all(t.startswith(s) for t, s in zip(titles, STEPS)), titles
-    assert "failed cases: 0" in text and "(step failed" not in text
+    assert "failed cases: 0" in text and "failed TDT cases: 0" in text and "(step failed" not in text
     # each step printed a table with at least one data row
     for block in text.split("#### ")[1:]:
         rows = [line for line in block.splitlines() if line.startswith("| ") and not line.startswith("|---")]

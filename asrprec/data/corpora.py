@@ -5,7 +5,9 @@ What LibriSpeech and MUSAN look like on disk is lhotse's knowledge (``lhotse.rec
 
 * a corpus already on disk is never downloaded again (lhotse's downloader only trusts its own ``.completed``
   markers, so a copy unpacked by hand would be fetched a second time);
-* manifests that exist are reused, and a part that produced nothing is an error naming the folder;
+* manifests that exist are reused, and a part that produced nothing is an error naming the folder; lhotse
+  writes them into a temporary folder, from which each is published atomically (:mod:`asrprec.atomic`), so an
+  interrupted preparation leaves no manifest that a rerun would take for complete;
 * the MUSAN noise cuts icefall mixes into training batches: every recording of music, speech and noise cut
   into 10 s windows, windows of 5 s or less dropped (k2-fsa/icefall
   ``egs/librispeech/ASR/local/compute_fbank_musan.py``).
@@ -18,13 +20,38 @@ speech,noise}/<source>/*.wav``. ``corpus_dir`` may also be the ``LibriSpeech`` f
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from asrprec._optional import require
+from asrprec.atomic import TEMPORARY_GLOB, publish
 
 log = logging.getLogger(__name__)
+
+
+class CorpusError(ValueError):
+    """The corpus on disk (or its download) cannot be prepared as asked; the message names the folder and the
+    fix (a recipe's ``run_main`` prints it as one line)."""
+
+
+def _download(what: str, archives: Sequence[Path], fetch: Callable[[], Any]) -> None:
+    """``fetch()`` (a lhotse downloader); on failure, delete the ``archives`` it may have left (a partial or 0-byte
+    archive would pass for an unpacking in progress) and raise :class:`CorpusError` naming ``--corpus-dir``."""
+    import urllib.error
+
+    try:
+        fetch()
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
+        left = [a for a in archives if a.is_file()]
+        for a in left:
+            a.unlink(missing_ok=True)
+        removed = f"; removed the incomplete {', '.join(a.name for a in left)}" if left else ""
+        raise CorpusError(f"could not download {what} ({type(e).__name__}: {getattr(e, 'reason', e)}){removed}. Fix: "
+                          f"check the network, or put the corpus on disk and pass its folder as --corpus-dir (it must "
+                          f"hold LibriSpeech/<part>/ and musan/)") from None
 
 # The published training subsets (icefall: --full-libri False / True), the dev parts icefall validates on, and
 # the test parts it reports.
@@ -85,7 +112,8 @@ def download_librispeech(corpus_dir: Path | str, parts: Sequence[str]) -> Path:
     from lhotse.recipes import download_librispeech as lhotse_download
 
     log.info("downloading LibriSpeech %s into %s", ", ".join(missing), root.parent)
-    lhotse_download(target_dir=root.parent, dataset_parts=list(missing))
+    _download(f"LibriSpeech {', '.join(missing)} into {root.parent}", [root.parent / f"{p}.tar.gz" for p in missing],
+              lambda: lhotse_download(target_dir=root.parent, dataset_parts=list(missing)))
     return root
 
 
@@ -111,7 +139,7 @@ def download_musan(corpus_dir: Path | str) -> Path:
     from lhotse.recipes import download_musan as lhotse_download
 
     log.info("downloading MUSAN into %s", root.parent)
-    lhotse_download(target_dir=root.parent)
+    _download(f"MUSAN into {root.parent}", [root.parent / "musan.tar.gz"], lambda: lhotse_download(target_dir=root.parent))
     return root
 
 
@@ -122,12 +150,18 @@ def librispeech_manifest_paths(manifest_dir: Path | str, part: str) -> dict[str,
 
 
 def prepare_librispeech_manifests(
-    corpus_dir: Path | str, parts: Sequence[str], manifest_dir: Path | str, *, num_jobs: int = 1
+    corpus_dir: Path | str, parts: Sequence[str], manifest_dir: Path | str, *, num_jobs: int = 1,
+    max_bad_lines: int = 0,
 ) -> dict[str, dict[str, Path]]:
     """lhotse's ``prepare_librispeech`` for ``parts`` (it reuses manifests already in ``manifest_dir``).
 
+    Transcript lines that are not ``<utterance-id> <text>`` (:func:`malformed_transcript_lines`) are named in the
+    log and their utterances left out, up to ``max_bad_lines`` in all; a part holding some is read line by line
+    through lhotse's own ``parse_utterance``, which lhotse's recipe would stop on with a bare ValueError.
+
     Returns ``{part: {"recordings": path, "supervisions": path}}``. Raises FileNotFoundError naming the folder
-    when a part is not on disk, and ValueError when a part holds no utterance with audio.
+    when a part is not on disk, CorpusError for more than ``max_bad_lines`` malformed lines (naming them by file and
+    line), and ValueError when a part holds no utterance with audio.
     """
     root = librispeech_root(corpus_dir)
     missing = missing_librispeech_parts(root, parts)
@@ -141,16 +175,73 @@ def prepare_librispeech_manifests(
     if not todo:
         log.info("LibriSpeech manifests for %s are in %s; not re-reading the corpus", ", ".join(parts), manifest_dir)
         return paths
+    bad = {p: malformed_transcript_lines(root / p) for p in todo}
+    named = [f"{path}:{i}: {why}" for p in todo for path, i, why in bad[p]]
+    if len(named) > max_bad_lines:
+        shown = "; ".join(named[:10]) + (f"; ... ({len(named)} in all)" if len(named) > 10 else "")
+        raise CorpusError(f"{len(named)} transcript line(s) in {root} are not '<utterance-id> <text>': {shown}. Fix: "
+                          "repair them from the original archive (re-download the part), or raise --max-bad-lines "
+                          f"(now {max_bad_lines}) to leave those utterances out")
+    for line in named:
+        log.warning("leaving out the utterance of %s", line)
     from lhotse.recipes import prepare_librispeech
 
-    Path(manifest_dir).mkdir(parents=True, exist_ok=True)
-    manifests = prepare_librispeech(root, dataset_parts=list(todo), output_dir=manifest_dir, num_jobs=num_jobs)
+    clean = [p for p in todo if not bad[p]]
+    manifests = _prepare_atomically(manifest_dir, lambda out: prepare_librispeech(
+        root, dataset_parts=clean, output_dir=out, num_jobs=num_jobs)) if clean else {}
+    for p in todo:
+        if bad[p]:
+            skip = {(path, i) for path, i, _ in bad[p]}
+            manifests[p] = _prepare_atomically(manifest_dir, lambda out: _part_manifests(root / p, p, skip, out))
     for p in todo:
         if p not in manifests or len(manifests[p]["recordings"]) == 0:
             raise ValueError(f"LibriSpeech part {p} in {root / p} gave no utterances with audio (each line of a "
                              f".trans.txt needs its <utterance-id>.flac next to it); fix: re-download the part")
         log.info("LibriSpeech %s: %d utterances", p, len(manifests[p]["recordings"]))
     return paths
+
+
+def malformed_transcript_lines(part_dir: Path) -> list[tuple[Path, int, str]]:
+    """``(file, line number, why)`` for each line of the part's ``*.trans.txt`` that is not ``<utterance-id> <text>``
+    with an id of the file's chapter."""
+    out = []
+    for trans in sorted(Path(part_dir).rglob("*.trans.txt")):
+        for i, line in enumerate(trans.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            fields = line.split(maxsplit=1)
+            if not fields:
+                why = "empty line"
+            elif len(fields) < 2:
+                why = f"no text after {fields[0]!r}"
+            elif not fields[0].startswith(trans.name.removesuffix(".trans.txt") + "-"):
+                why = f"utterance id {fields[0]!r} is not of this chapter"
+            else:
+                continue
+            out.append((trans, i, why))
+    return out
+
+
+def _part_manifests(part_dir: Path, part: str, skip: set[tuple[Path, int]], out: Path) -> dict[str, Any]:
+    """A part's recordings and supervisions as lhotse's recipe makes them (its ``parse_utterance`` on each line,
+    lhotse/recipes/librispeech.py), leaving out the lines in ``skip``; written into ``out`` under lhotse's names."""
+    from lhotse import RecordingSet, SupervisionSet
+    from lhotse.qa import fix_manifests, validate_recordings_and_supervisions
+    from lhotse.recipes.librispeech import parse_utterance
+
+    recordings, supervisions = [], []
+    for trans in sorted(part_dir.rglob("*.trans.txt")):
+        for i, line in enumerate(trans.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if (trans, i) in skip:
+                continue
+            parsed = parse_utterance(part_dir, line, {})
+            if parsed is not None:
+                recordings.append(parsed[0])
+                supervisions.append(parsed[1])
+    recs, sups = fix_manifests(RecordingSet.from_recordings(recordings), SupervisionSet.from_segments(supervisions))
+    validate_recordings_and_supervisions(recs, sups)
+    paths = librispeech_manifest_paths(out, part)
+    recs.to_file(paths["recordings"])
+    sups.to_file(paths["supervisions"])
+    return {"recordings": recs, "supervisions": sups}
 
 
 def musan_manifest_paths(manifest_dir: Path | str) -> dict[str, Path]:
@@ -161,17 +252,57 @@ def musan_manifest_paths(manifest_dir: Path | str) -> dict[str, Path]:
 def prepare_musan_manifests(corpus_dir: Path | str, manifest_dir: Path | str) -> dict[str, Path]:
     """lhotse's ``prepare_musan`` (music with vocals included, as icefall), unless its recordings manifests exist."""
     paths = musan_manifest_paths(manifest_dir)
-    if all(p.is_file() for p in paths.values()):
-        log.info("MUSAN manifests are in %s; not re-reading the corpus", manifest_dir)
-        return paths
     root = musan_root(corpus_dir)
+    if all(p.is_file() for p in paths.values()):
+        stale = _stale_musan_manifests(paths, root)
+        if not stale:
+            log.info("MUSAN manifests are in %s; not re-reading the corpus", manifest_dir)
+            return paths
+        log.warning("MUSAN manifests in %s do not match %s (%s); re-reading the corpus", manifest_dir, root, stale)
     if not _musan_on_disk(root):
         raise FileNotFoundError(f"MUSAN is not in {root} (need music/, speech/ and noise/ with .wav files); fix: run "
                                 f"the download stage, or point --corpus-dir at the folder that holds musan/")
     from lhotse.recipes import prepare_musan
 
-    prepare_musan(root, output_dir=manifest_dir, parts=MUSAN_PARTS)
+    _prepare_atomically(manifest_dir, lambda out: prepare_musan(root, output_dir=out, parts=MUSAN_PARTS))
     return paths
+
+
+def _stale_musan_manifests(paths: dict[str, Path], root: Path) -> str:
+    """Why the MUSAN manifests no longer describe the audio in ``root`` ("" when they do): a recording whose file
+    is gone or has another length, or audio files they do not list. MUSAN's ~2,000 headers are read in seconds."""
+    import soundfile
+
+    lhotse = require("lhotse")
+    listed, changed = set(), []
+    for path in paths.values():
+        for rec in lhotse.RecordingSet.from_file(path):
+            source = Path(rec.sources[0].source)
+            listed.add(source.resolve())
+            try:
+                if soundfile.info(str(source)).frames != rec.num_samples:
+                    changed.append(rec.id)
+            except (OSError, RuntimeError):
+                changed.append(rec.id)
+    unlisted = [w for w in root.rglob("*.wav") if w.resolve() not in listed]
+    why = [f"{len(changed)} recording(s) changed or missing, e.g. {changed[0]}" if changed else "",
+           f"{len(unlisted)} new file(s), e.g. {unlisted[0].name}" if unlisted else ""]
+    return "; ".join(w for w in why if w)
+
+
+def _prepare_atomically(manifest_dir: Path | str, prepare: Callable[[Path], Any]) -> Any:
+    """``prepare(folder)`` (a lhotse recipe writing its manifests into ``folder``) on a temporary folder inside
+    ``manifest_dir``; then each manifest it wrote is published into ``manifest_dir``. Returns what it returned."""
+    manifest_dir = Path(manifest_dir)
+    manifest_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=TEMPORARY_GLOB[:-1], dir=manifest_dir))
+    try:
+        out = prepare(tmp)
+        for written in sorted(tmp.glob("*.jsonl.gz")):
+            publish(written, manifest_dir / written.name)
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def librispeech_cuts(manifest_dir: Path | str, part: str) -> Any:
@@ -189,8 +320,15 @@ def librispeech_cuts(manifest_dir: Path | str, part: str) -> Any:
 
 def musan_noise_cuts(manifest_dir: Path | str, *, window_s: float = 10.0, min_s: float = 5.0) -> Any:
     """Every MUSAN recording (music, speech, noise) cut into ``window_s`` windows; windows of ``min_s`` or less are
-    dropped (icefall's noise cuts). An eager CutSet without supervisions."""
+    dropped (icefall's noise cuts), and a count of the recordings that gave none is logged. An eager CutSet without
+    supervisions.
+
+    Raises:
+        CorpusError: no recording is longer than ``min_s`` (the message gives the longest and the flags to lower).
+    """
     lhotse = require("lhotse")
+    if not 0 < min_s < window_s:
+        raise ValueError(f"MUSAN windows: need 0 < min_s < window_s, got min_s={min_s}, window_s={window_s}")
     recordings = []
     for part, path in musan_manifest_paths(manifest_dir).items():
         if not path.is_file():
@@ -198,8 +336,16 @@ def musan_noise_cuts(manifest_dir: Path | str, *, window_s: float = 10.0, min_s:
         recordings.extend(lhotse.RecordingSet.from_file(path))
     cuts = lhotse.CutSet.from_manifests(recordings=lhotse.RecordingSet.from_recordings(recordings))
     windows = lhotse.CutSet.from_cuts(c for c in cuts.cut_into_windows(window_s) if c.duration > min_s)
+    short = [r for r in recordings if r.duration <= min_s]
+    if short:
+        log.warning("MUSAN: %d of %d recordings are %g s or shorter and give no noise window (e.g. %s); lower "
+                    "--musan-min-s to use them", len(short), len(recordings), min_s,
+                    ", ".join(f"{r.id} ({r.duration:.1f} s)" for r in short[:3]))
     if len(windows) == 0:
-        raise ValueError(f"no MUSAN recording in {manifest_dir} is longer than {min_s} s; fix: re-download MUSAN")
+        longest = max((r.duration for r in recordings), default=0.0)
+        raise CorpusError(f"no MUSAN recording in {manifest_dir} is longer than {min_s:g} s (the longest: "
+                          f"{longest:.1f} s, of {len(recordings)}). Fix: lower --musan-min-s (and --musan-window-s), "
+                          "or re-download MUSAN")
     return windows
 
 
@@ -255,3 +401,15 @@ class PreparedData:
 
     def bpe_model(self, vocab_size: int) -> Path:
         return Path(self.root) / f"lang_bpe_{vocab_size}" / "bpe.model"
+
+    def tokenizer_model(self, vocab_size: int) -> Path:
+        """:meth:`bpe_model`, which must exist; FileNotFoundError names the sizes prepared instead."""
+        path = self.bpe_model(vocab_size)
+        if not path.is_file():
+            made = sorted(int(p.parent.name.removeprefix("lang_bpe_")) for p in Path(self.root).glob("lang_bpe_*/bpe.model")
+                          if p.parent.name.removeprefix("lang_bpe_").isdigit())
+            also = (f"; {self.root} holds the tokenizer(s) of --vocab-size {', '.join(map(str, made))}" if made
+                    else "")
+            raise FileNotFoundError(f"no tokenizer {path}{also}. Fix: pass the --vocab-size prepare.py used, or run "
+                                    f"prepare.py --stage 5 --vocab-size {vocab_size}")
+        return path

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from asrprec._optional import require
-from asrprec.config import strict_from_dict
+from asrprec.config import option, strict_from_dict
 from asrprec.data.validate import filter_by_duration
 from asrprec.rng import seed_from, seeded_rng
 
@@ -80,14 +80,15 @@ class DataConfig:
     bucketing (lhotse's ``SimpleCutSampler``); durations outside
     [``min_cut_s``, ``max_cut_s``] are dropped from the training set (with a log line)."""
 
-    max_duration: float = 200.0
-    num_buckets: int = 10
+    max_duration: float = option(200.0, help="seconds of audio per batch (per GPU under torchrun)")
+    num_buckets: int = option(10, help="duration buckets of lhotse's DynamicBucketingSampler; 1 = no bucketing")
     shuffle: bool = True
     drop_last: bool = False
-    on_the_fly_feats: bool = False
-    spec_augment: bool = True
+    on_the_fly_feats: bool = option(False, help="compute fbank from the audio in the dataloader instead of reading "
+                                                "precomputed features")
+    spec_augment: bool = option(True, help="apply SpecAugment to the training batches")
     spec_augment_config: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
-    num_workers: int = 0
+    num_workers: int = option(0, help="dataloader worker processes")
     seed: int = 0
     min_cut_s: float = 0.5
     max_cut_s: float = 20.0
@@ -267,10 +268,22 @@ class _DurationFilter:
             raise ValueError(f"min duration {min_s} s is above max duration {max_s} s")
         self.min_s, self.max_s, self.named = min_s, max_s, named
         self.dropped: set[str] = set()
+        self.in_pass = 0  # drops since start_pass(): one epoch's total
+
+    @property
+    def reason(self) -> str:
+        return f"outside {self.min_s:.2f}-{self.max_s:.2f} s"
+
+    def start_pass(self) -> None:
+        self.in_pass = 0
+
+    def dropped_in_pass(self) -> dict[str, int]:
+        return {self.reason: self.in_pass} if self.in_pass else {}
 
     def __call__(self, cut: Any) -> bool:
         if self.min_s <= cut.duration <= self.max_s:
             return True
+        self.in_pass += 1
         if cut.id not in self.dropped:
             self.dropped.add(cut.id)
             n = len(self.dropped)
@@ -283,12 +296,32 @@ class _DurationFilter:
         return False
 
 
+class _FilteredOnce:
+    """The duration drops of an eager CutSet, filtered once: the same every epoch."""
+
+    def __init__(self, reason: str, count: int) -> None:
+        self.reason, self.count = reason, count
+
+    def start_pass(self) -> None:
+        pass
+
+    def dropped_in_pass(self) -> dict[str, int]:
+        return {self.reason: self.count} if self.count else {}
+
+
 def filter_durations(cuts: Any, min_s: float, max_s: float) -> Any:
     """Training cuts within [``min_s``, ``max_s``] seconds: an eager CutSet is filtered at once (with a count,
     :func:`asrprec.data.validate.filter_by_duration`), a lazy one lazily (drops logged as they are met)."""
+    return _filter_durations(cuts, min_s, max_s)[0]
+
+
+def _filter_durations(cuts: Any, min_s: float, max_s: float) -> tuple[Any, Any]:
+    """:func:`filter_durations` and what counts its drops per epoch (``start_pass`` / ``dropped_in_pass``)."""
     if _is_lazy(cuts):
-        return cuts.filter(_DurationFilter(min_s, max_s))
-    return filter_by_duration(cuts, min_s, max_s)
+        f = _DurationFilter(min_s, max_s)
+        return cuts.filter(f), f
+    kept = filter_by_duration(cuts, min_s, max_s)
+    return kept, _FilteredOnce(_DurationFilter(min_s, max_s).reason, len(cuts) - len(kept))
 
 
 def noise_mix_transform(config: NoiseMixConfig, *, on_the_fly_feats: bool) -> "ReseedableCutTransform":
@@ -333,6 +366,42 @@ class ReseedableCutTransform:
 
     def __call__(self, cuts: Any) -> Any:
         return self._transform(cuts)
+
+
+def _speed_perturbed_ids(cuts: Any, look: int = 1000) -> list[str]:
+    """Speed factors found in the first ``look`` cut ids (lhotse's ``perturb_speed`` appends ``_sp<factor>``; a
+    shuffled training manifest mixes them in from its start)."""
+    import itertools
+    import re
+
+    found = set()
+    for cut in itertools.islice(iter(cuts), look):
+        m = re.search(r"_sp(\d+(?:\.\d+)?)$", cut.id)
+        if m:
+            found.add(m.group(1))
+    return sorted(found, key=float)
+
+
+def describe_augmentation(config: DataConfig, cuts: Any | None = None) -> str:
+    """One line on the training data's augmentation: MUSAN (noise) mixing with its probability and SNR range,
+    SpecAugment with its masks, and whether ``cuts`` hold speed-perturbed copies (from their first ids)."""
+    parts = []
+    n = config.noise_mix
+    parts.append(f"noise mixing p={n.p:g} at {n.snr_db[0]:g}-{n.snr_db[1]:g} dB SNR ({n.cuts_path})" if n
+                 else "noise mixing off")
+    if config.spec_augment:
+        s = config.spec_augment_config
+        warp = f"time warp {s.time_warp_factor}" if s.time_warp_factor else "no time warp"
+        parts.append(f"SpecAugment p={s.p:g}: {s.num_frame_masks} frame masks of <= {s.frames_mask_size} frames "
+                     f"(<= {s.max_frames_mask_fraction:g} of the frames), {s.num_feature_masks} feature masks of <= "
+                     f"{s.features_mask_size} bins, {warp}")
+    else:
+        parts.append("SpecAugment off")
+    if cuts is not None:
+        factors = _speed_perturbed_ids(cuts)
+        parts.append(f"speed perturbation present (factors {', '.join(factors)} in the first cut ids)" if factors
+                     else "speed perturbation absent (no _sp<factor> cut ids among the first 1000)")
+    return "; ".join(parts)
 
 
 class AsrDataModule:
@@ -395,7 +464,8 @@ class AsrDataModule:
         Call ``loader.sampler.set_epoch(epoch)`` at the start of each epoch for a new shuffle.
         """
         c = self.config
-        cuts = filter_durations(cuts, c.min_cut_s, c.max_cut_s)
+        log.info("training augmentation: %s", describe_augmentation(c, cuts))
+        cuts, duration_drops = _filter_durations(cuts, c.min_cut_s, c.max_cut_s)
         sampler = _bucketing_sampler(
             cuts, max_duration=c.max_duration, shuffle=c.shuffle, num_buckets=c.num_buckets, drop_last=c.drop_last,
             seed=c.seed, buffer_size=c.bucketing_buffer_size, shuffle_buffer_size=c.shuffle_buffer_size,
@@ -412,7 +482,10 @@ class AsrDataModule:
             if c.noise_mix else (),
             seed=c.seed,
         )
-        return self._loader(dataset, sampler, seed=c.seed)
+        loader = self._loader(dataset, sampler, seed=c.seed)
+        # the training loop gives each epoch's total (asrprec.training.skips.dropped_cut_totals)
+        loader.duration_drops = duration_drops
+        return loader
 
     def sampler_state_dict(self) -> dict[str, Any]:
         """The training sampler's position (epoch, batches served) for a checkpoint."""

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from asrprec._optional import require
+from asrprec.atomic import atomic_path
 from asrprec.precision import fp32_island
 
 log = logging.getLogger(__name__)
 
 NUM_MEL_BINS = 80
-FRAME_SHIFT_S = 0.01
 
 
 def fbank_extractor(num_mel_bins: int = NUM_MEL_BINS) -> Any:
@@ -35,12 +35,6 @@ def fbank_extractor(num_mel_bins: int = NUM_MEL_BINS) -> Any:
     return Fbank(FbankConfig(num_mel_bins=num_mel_bins))
 
 
-def num_frames(num_samples: int, sample_rate: int = 16000, frame_shift_s: float = FRAME_SHIFT_S) -> int:
-    """Frames of a ``snip_edges=False`` extractor: ``(num_samples + hop // 2) // hop`` (Kaldi's rule)."""
-    hop = int(round(frame_shift_s * sample_rate))
-    return (num_samples + hop // 2) // hop
-
-
 def _torch_one_thread() -> None:
     import torch
 
@@ -48,9 +42,34 @@ def _torch_one_thread() -> None:
     torch.set_num_interop_threads(1)
 
 
+def _die_with(parent: int) -> None:
+    """Linux: this process gets SIGKILL when ``parent`` (the process that started it) dies; a ``kill -9`` of the
+    preparation would otherwise leave its pool's workers running, orphaned (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import os
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _worker_init(parent: int) -> None:
+    _die_with(parent)
+    _torch_one_thread()
+
+
 def fbank_executor(num_jobs: int) -> ProcessPoolExecutor:
-    """A spawn process pool whose workers run torch with one thread (see the module doc's pitfall)."""
-    return ProcessPoolExecutor(num_jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_torch_one_thread)
+    """A spawn process pool whose workers run torch with one thread (see the module doc's pitfall) and end with
+    the process that made the pool (:func:`_die_with`)."""
+    import os
+
+    return ProcessPoolExecutor(num_jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+                               initargs=(os.getpid(),))
 
 
 @fp32_island
@@ -62,12 +81,15 @@ def compute_fbank(
     num_jobs: int = 2,
     num_mel_bins: int = NUM_MEL_BINS,
     executor: ProcessPoolExecutor | None = None,
+    max_unreadable: int = 0,
 ) -> Any:
     """Extract and store fbank features of ``cuts`` (lilcom-compressed chunks), return the CutSet with features.
 
-    Idempotent: when ``manifest_path`` already holds a CutSet with features for exactly these cut ids,
-    it is loaded instead. ``storage_path`` is a folder (``num_jobs > 1``) or file prefix for the arrays.
-    ``executor``: an executor made by :func:`fbank_executor` to reuse across calls (one is made otherwise).
+    Idempotent: when ``manifest_path`` already holds a CutSet with features for exactly these cut ids (but for at
+    most ``max_unreadable`` left out), it is loaded instead. ``storage_path`` is a folder (``num_jobs > 1``) or
+    file prefix for the arrays. ``executor``: an executor made by :func:`fbank_executor` to reuse across calls (one
+    is made otherwise). Cuts whose audio cannot be read (lhotse leaves them out) are named in the log and left
+    out, up to ``max_unreadable``; more raise :class:`~asrprec.data.corpora.CorpusError` naming them.
     """
     import torch
 
@@ -77,7 +99,8 @@ def compute_fbank(
     manifest_path = Path(manifest_path)
     if manifest_path.is_file():
         stored = lhotse.CutSet.from_file(manifest_path).to_eager()
-        if sorted(stored.ids) == sorted(cuts.ids) and all(c.has_features for c in stored):
+        left_out = set(cuts.ids) - set(stored.ids)
+        if set(stored.ids) <= set(cuts.ids) and len(left_out) <= max_unreadable and all(c.has_features for c in stored):
             stored_bins = stored[0].num_features if len(stored) else num_mel_bins
             if stored_bins == num_mel_bins:
                 log.info("features in %s are up to date; not recomputing", manifest_path)
@@ -104,16 +127,36 @@ def compute_fbank(
         torch.set_num_threads(parent_threads)
         if own_executor:
             executor.shutdown()
-    with_feats = with_feats.to_eager()
+    # lhotse's workers take every num_jobs-th cut, so the joined result's order would depend on num_jobs and, through
+    # compute_fbank_lazy's chunks, on the chunk size: keep the order of ``cuts``
+    position = {cid: i for i, cid in enumerate(cuts.ids)}
+    with_feats = lhotse.CutSet.from_cuts(sorted(with_feats, key=lambda c: position[c.id]))
     if len(with_feats) != len(cuts):
-        raise RuntimeError(
-            f"feature extraction returned {len(with_feats)} of {len(cuts)} cuts (lhotse drops cuts whose audio fails to load); "
-            f"run asrprec.data.validate_cuts(cuts) to find the broken ones"
-        )
-    manifest_path.parent.mkdir(parents=True, exist_ok=True)
-    with_feats.to_file(manifest_path)
+        _report_unreadable([c for c in cuts if c.id not in set(with_feats.ids)], len(cuts), max_unreadable)
+    with atomic_path(manifest_path) as tmp:
+        with_feats.to_file(tmp)
     log.info("computed fbank for %d cuts in %.1f s -> %s", len(with_feats), time.perf_counter() - start, manifest_path)
     return with_feats
+
+
+def _audio_file(cut: Any) -> str:
+    sources = cut.recording.sources if cut.has_recording else []
+    return str(sources[0].source) if sources else "no recording"
+
+
+def _report_unreadable(lost: list[Any], total: int, max_unreadable: int) -> None:
+    """Name the cuts feature extraction lost (lhotse leaves out a cut whose audio fails to load); raise beyond
+    ``max_unreadable``."""
+    from asrprec.data.corpora import CorpusError
+
+    names = [f"{c.id} ({_audio_file(c)})" for c in lost]
+    if len(lost) > max_unreadable:
+        shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+        raise CorpusError(f"the audio of {len(lost)} of {total} cuts could not be read: {shown}. Fix: re-download or "
+                          f"delete those files (and their transcript lines), or raise --max-bad-audio (now "
+                          f"{max_unreadable}) to leave them out")
+    for name in names:
+        log.warning("left out %s: its audio could not be read", name)
 
 
 def compute_corpus_fbank(cuts_by_split: dict[str, Any], out_dir: Path | str, *, num_jobs: int = 2, prefix: str = "espeak") -> dict:
@@ -144,8 +187,10 @@ def compute_fbank_lazy(
     chunk_size: int = 20000,
     num_jobs: int = 2,
     num_mel_bins: int = NUM_MEL_BINS,
+    max_unreadable: int = 0,
 ) -> Any:
-    """:func:`compute_fbank` for a CutSet too large for memory (e.g. lazily read): ``chunk_size`` cuts at a time.
+    """:func:`compute_fbank` for a CutSet too large for memory (e.g. lazily read): ``chunk_size`` cuts at a time;
+    at most ``max_unreadable`` cuts of all chunks together may be left out for unreadable audio.
 
     Chunk ``i``'s arrays go to ``storage_dir/chunk-<i>`` and its manifest to ``storage_dir/chunk-<i>.jsonl.gz``; a
     rerun after an interruption reuses the chunks already done (the chunking follows the order of ``cuts``, so the
@@ -164,7 +209,7 @@ def compute_fbank_lazy(
         log.info("features in %s exist; not recomputing (delete the file to recompute)", manifest_path)
         return lhotse.load_manifest_lazy(manifest_path)
     storage_dir.mkdir(parents=True, exist_ok=True)
-    chunk_manifests = []
+    chunk_manifests, left_out = [], 0
     executor = fbank_executor(num_jobs) if num_jobs > 1 else None
     try:
         it = iter(cuts)
@@ -173,8 +218,10 @@ def compute_fbank_lazy(
             if not chunk:
                 break
             path = storage_dir / f"chunk-{i:05d}.jsonl.gz"
-            compute_fbank(lhotse.CutSet.from_cuts(chunk), storage_dir / f"chunk-{i:05d}", path, num_jobs=num_jobs,
-                          num_mel_bins=num_mel_bins, executor=executor)
+            done = compute_fbank(lhotse.CutSet.from_cuts(chunk), storage_dir / f"chunk-{i:05d}", path,
+                                 num_jobs=num_jobs, num_mel_bins=num_mel_bins, executor=executor,
+                                 max_unreadable=max_unreadable - left_out)
+            left_out += len(chunk) - len(done)
             chunk_manifests.append(path)
     finally:
         if executor is not None:

@@ -3,21 +3,20 @@
 LibriSpeech 960 h with 3x speed perturbation is 843k cuts; held as lhotse objects that is several GB per
 process (and a dataloader worker or a DDP rank each holds its own copy). Everything here streams: cuts are read
 from ``.jsonl.gz`` one at a time (``lhotse.load_manifest_lazy``) and written with lhotse's sequential writer.
-Every output file is written under a temporary name and renamed when complete, so a stage interrupted half-way
-never leaves a file that a rerun would take for finished.
+Every output file is written atomically (:mod:`asrprec.atomic`), so a stage interrupted half-way never leaves a
+file that a rerun would take for finished.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import logging
-import os
 import random
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
 from asrprec._optional import require
+from asrprec.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -35,26 +34,11 @@ def load_cuts(path: Path | str, *, lazy: bool = True, hint: str = "run the data 
     return lhotse.load_manifest_lazy(path) if lazy else lhotse.CutSet.from_file(path).to_eager()
 
 
-@contextlib.contextmanager
-def atomic_output(path: Path | str) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it to ``path`` when the block ends without an exception
-    (and delete it when one is raised)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # keep the suffixes (.jsonl.gz): lhotse picks the format from them
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_cuts(cuts: Iterable[Any], path: Path | str) -> int:
-    """Stream ``cuts`` into the manifest ``path`` (atomically, see :func:`atomic_output`); return how many."""
+    """Stream ``cuts`` into the manifest ``path`` (atomically, :mod:`asrprec.atomic`); return how many."""
     lhotse = require("lhotse")
     n = 0
-    with atomic_output(path) as tmp, lhotse.CutSet.open_writer(tmp) as writer:
+    with atomic_path(path) as tmp, lhotse.CutSet.open_writer(tmp) as writer:
         for cut in cuts:
             writer.write(cut)
             n += 1
@@ -87,7 +71,7 @@ def shuffle_manifests(paths: Sequence[Path | str], out_path: Path | str, *, seed
         with gzip.open(p, "rb") as f:
             lines.extend(line if line.endswith(b"\n") else line + b"\n" for line in f if line.strip())
     random.Random(seed).shuffle(lines)
-    with atomic_output(out_path) as tmp, gzip.open(tmp, "wb") as f:
+    with atomic_path(out_path) as tmp, gzip.open(tmp, "wb") as f:
         f.writelines(lines)
     log.info("wrote %d shuffled cuts from %d manifests to %s", len(lines), len(paths), out_path)
     return len(lines)

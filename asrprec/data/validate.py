@@ -20,11 +20,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .frames import cut_num_frames
+
 log = logging.getLogger(__name__)
 
 #: the checks of :func:`check_cuts`: "fast" reads manifests and file sizes; "full" also decodes every file
 CHECK_MODES = ("off", "fast", "full")
-FRAME_SHIFT_S = 0.01  # 100 Hz fbank (asrprec.data.features)
 
 EMPTY_TRANSCRIPT = "empty transcript"
 OOV = "words outside the tokenizer"
@@ -90,12 +91,6 @@ class DataReport:
         return {"split": self.split, "total": self.total, "kept": self.kept,
                 "dropped": {k: len(v) for k, v in self.problems.items()},
                 "examples": {k: v[:10] for k, v in self.problems.items()}}
-
-
-def _num_frames(cut: Any) -> int:
-    if cut.has_features:
-        return int(cut.num_frames)
-    return int(round(cut.duration / FRAME_SHIFT_S))
 
 
 def _files(cut: Any) -> list[str]:
@@ -203,7 +198,7 @@ def _problem(cut, unknown, max_oov_fraction, min_frames, max_duration, require_t
         return EMPTY_TRANSCRIPT
     if unknown and words and sum(w in unknown for w in words) > max_oov_fraction * len(words):
         return OOV
-    if _num_frames(cut) < min_frames:
+    if cut_num_frames(cut) < min_frames:
         return TOO_SHORT
     if max_duration is not None and cut.duration > max_duration:
         return TOO_LONG

@@ -8,19 +8,34 @@ scores use an fp32 log-softmax.
 :class:`DecodingOptions` and :func:`decode` bundle "encode, then decode with the named method" (:mod:`.api`);
 :func:`decode_dataset` decodes a dataloader (:mod:`.dataset`); :func:`streaming_decode` does it chunk by chunk
 for a causal Zipformer (real streaming, with caches; :mod:`.streaming`).
+
+A TDT model (a joiner with a duration head) is decoded by the same names through the searches of :mod:`.tdt` and
+:mod:`.tdt_label_looping`, which jump over frames by the predicted durations.
+
+CTC heads: ``ctc_greedy_search`` and ``ctc_prefix_beam_search`` take ``(log_probs (B, T, V), log_probs_lens (B,))``
+from ``model.ctc_log_probs`` (:mod:`.ctc`); :func:`decode` runs them by name too.
 """
 
-from .api import METHODS, DecodingOptions, decode, decode_encoder_out
+from .api import CTC_METHODS, METHODS, DecodingOptions, check_method, decode, decode_encoder_out
 from .beam_search import modified_beam_search
+from .ctc import (
+    StreamingCtcGreedySearch, StreamingCtcPrefixBeamSearch, ctc_greedy_search, ctc_prefix_beam_search,
+)
 from .dataset import decode_dataset
 from .greedy import greedy_search
 from .hypothesis import Hypothesis, HypothesisList
 from .label_looping import LabelLoopingGreedy, label_looping_greedy_search
 from .streaming import StreamingGreedySearch, StreamingModifiedBeamSearch, streaming_decode, streaming_encode
+from .tdt import StreamingTdtGreedySearch, TdtHypothesis, is_tdt, tdt_greedy_search, tdt_modified_beam_search
+from .tdt_label_looping import TdtLabelLoopingGreedy, tdt_label_looping_greedy_search
 
 __all__ = [
     "METHODS", "DecodingOptions", "Hypothesis", "HypothesisList", "decode", "decode_dataset", "decode_encoder_out",
     "greedy_search", "modified_beam_search", "StreamingGreedySearch", "StreamingModifiedBeamSearch",
     "streaming_decode", "streaming_encode",
     "LabelLoopingGreedy", "label_looping_greedy_search",
+    "CTC_METHODS", "check_method", "ctc_greedy_search", "ctc_prefix_beam_search", "StreamingCtcGreedySearch",
+    "StreamingCtcPrefixBeamSearch",
+    "StreamingTdtGreedySearch", "TdtHypothesis", "TdtLabelLoopingGreedy", "is_tdt", "tdt_greedy_search",
+    "tdt_label_looping_greedy_search", "tdt_modified_beam_search",
 ]

@@ -8,14 +8,13 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from asrprec.data.frames import FRAME_SHIFT_S
 from asrprec.metrics import RtfxMeter
 
 from .api import DecodingOptions, decode
 from .streaming import streaming_decode
 
 log = logging.getLogger(__name__)
-
-FRAME_SHIFT_S = 0.01  # 100 Hz fbank
 
 
 @torch.inference_mode()

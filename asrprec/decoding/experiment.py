@@ -40,7 +40,7 @@ def result_tag(args: argparse.Namespace, streaming_tag: str = "") -> str:
     tag = f"{args.decoding_method}-epoch-{args.epoch}-avg-{args.avg}-{args.precision}"
     if args.use_averaged_model:
         tag += "-use-averaged-model"
-    if args.decoding_method == "modified_beam_search":
+    if args.decoding_method in ("modified_beam_search", "ctc_prefix_beam_search"):
         tag += f"-beam-{args.beam_size}"
     if streaming_tag:
         tag += f"-{streaming_tag}"
@@ -51,21 +51,28 @@ def result_tag(args: argparse.Namespace, streaming_tag: str = "") -> str:
 
 def load_for_decoding(exp_dir: Path | str, args: argparse.Namespace) -> DecodingSetup:
     """Rebuild the model of ``exp_dir`` (its ``model.json``), load the weights ``args`` name, configure streaming
-    and prepare it for inference under ``args.precision`` on ``args.device``.
+    and prepare it for inference under ``args.precision`` on ``args.device``. A ``--decoding-method`` the model has no
+    head for raises :class:`~asrprec.training.experiment.ExperimentError` naming the methods it has
+    (:func:`asrprec.decoding.check_method`).
 
     Raises FileNotFoundError / :class:`asrprec.training.experiment.ExperimentError` naming the file and the fix for
     a missing folder or an unreadable ``model.json``, and :class:`asrprec.checkpoint.CheckpointError` for the
     checkpoints."""
     from asrprec.checkpoint import load_decoding_weights
+    from asrprec.decoding.api import check_method
     from asrprec.models import build_transducer, configure_streaming
     from asrprec.precision import get_policy
     from asrprec.training.cli import resolve_device
-    from asrprec.training.experiment import read_model_config
+    from asrprec.training.experiment import ExperimentError, read_model_config
 
     exp_dir = Path(exp_dir)
     if getattr(args, "tail_padding", 0.0) and not args.streaming:
         raise ValueError("--tail-padding applies to --streaming decoding (it ends each live stream with silence)")
     model = build_transducer(**read_model_config(exp_dir))
+    try:  # before loading weights: the method must match the heads the folder's model.json describes
+        check_method(model, args.decoding_method)
+    except ValueError as e:
+        raise ExperimentError(f"{exp_dir}: {e}") from None
     weights = load_decoding_weights(model, exp_dir, args.epoch, args.avg, args.use_averaged_model)
     streaming_tag = configure_streaming(model, args.chunk_size, args.left_context_frames, args.streaming)
     policy = get_policy(args.precision, resolve_device(args.device))
@@ -109,7 +116,11 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
     search = None  # label looping keeps its preallocated state (and CUDA graphs) across batches
     if (args.decoding_method == "greedy_search" and getattr(args, "greedy_method", "frame_looping") == "label_looping"
             and setup.streaming is None):
-        search = LabelLoopingGreedy(setup.model, args.max_sym_per_frame)
+        from asrprec.decoding.tdt import is_tdt
+        from asrprec.decoding.tdt_label_looping import TdtLabelLoopingGreedy
+
+        looping = TdtLabelLoopingGreedy if is_tdt(setup.model) else LabelLoopingGreedy
+        search = looping(setup.model, args.max_sym_per_frame)
     summary = {}
     for split, split_cuts in cuts.items():
         split_cuts, report = check_cuts(split_cuts, split=split, mode=getattr(args, "validate_data", "fast"),

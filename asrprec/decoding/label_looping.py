@@ -42,6 +42,10 @@ from ._common import decoder_step, joint_logits, model_device, sort_and_project
 
 log = logging.getLogger(__name__)
 
+#: the two implementations of greedy_search (the same decisions): label looping (this module) is the default
+GREEDY_METHODS = ("label_looping", "frame_looping")
+DEFAULT_GREEDY_METHOD = "label_looping"
+
 
 @dataclass
 class LoopState:

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._common import check_inputs, decoder_step, joint_logits, model_device
-from .api import DecodingOptions
+from .api import CTC_METHODS, DecodingOptions, check_method
 from .beam_search import beam_search_step
+from .ctc import StreamingCtcGreedySearch, StreamingCtcPrefixBeamSearch
 from .hypothesis import Hypothesis, HypothesisList
 
 
@@ -183,14 +184,33 @@ def streaming_decode(
 ) -> list[list[int]]:
     """Decode a batch as live streams: :func:`streaming_encode` (``whole_chunks_only`` as there), with the search
     named in ``options`` (:class:`StreamingGreedySearch` or :class:`StreamingModifiedBeamSearch`; default greedy
-    search) advancing after every chunk. Returns B token-id lists in the input order."""
+    search; for the CTC methods :class:`asrprec.decoding.StreamingCtcGreedySearch` or
+    :class:`asrprec.decoding.StreamingCtcPrefixBeamSearch` on each chunk's ``model.ctc_log_probs``) advancing after
+    every chunk. Returns B token-id lists in the input order."""
     options = options or DecodingOptions()
     b = features.shape[0]
+    check_method(model, options.method)
+    if options.method in CTC_METHODS:
+        if options.method == "ctc_greedy_search":
+            ctc = StreamingCtcGreedySearch(b, model.blank_id)
+        else:
+            ctc = StreamingCtcPrefixBeamSearch(b, options.beam, model.blank_id, device=features.device)
+        streaming_encode(model, features, feature_lens, chunk_size, left_context_frames,
+                         on_chunk=lambda out, lens: ctc.accept(model.ctc_log_probs(out), lens),
+                         whole_chunks_only=whole_chunks_only)
+        return ctc.hyps if options.method == "ctc_greedy_search" else ctc.best()
     if options.method == "greedy_search":
-        search = StreamingGreedySearch(model, b, options.max_sym_per_frame)
+        from .tdt import StreamingTdtGreedySearch, is_tdt
+
+        greedy = StreamingTdtGreedySearch if is_tdt(model) else StreamingGreedySearch
+        search = greedy(model, b, options.max_sym_per_frame)
         streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=search.accept,
                          whole_chunks_only=whole_chunks_only)
         return search.hyps
+    if getattr(getattr(model, "joiner", None), "durations", ()):
+        raise ValueError("chunk-by-chunk modified_beam_search is not implemented for TDT models; decode a TDT model "
+                         "with --streaming using greedy_search, or use modified_beam_search without --streaming "
+                         "(simulated streaming)")
     beam = StreamingModifiedBeamSearch(model, b, options.beam, options.length_norm)
     streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=beam.accept,
                      whole_chunks_only=whole_chunks_only)

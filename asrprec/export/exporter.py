@@ -30,6 +30,24 @@ from .wrappers import JoinerHead, OfflineEncoder, ProjectedDecoder, StreamingEnc
 
 log = logging.getLogger(__name__)
 
+#: Why a TDT export cannot run in sherpa-onnx. sherpa-onnx decodes TDT only through its NeMo transducer path
+#: (k2-fsa/sherpa-onnx ``sherpa-onnx/csrc/offline-recognizer-transducer-nemo-impl.h``,
+#: ``offline-transducer-greedy-search-nemo-decoder.cc``, ``offline-transducer-nemo-model.cc``), whose contract differs
+#: from asrprec's graphs in five places. Four could be bridged inside the exported graphs: the blank must be the last
+#: token (asrprec's is 0: the token order would be permuted), the decoder is NeMo's recurrent one fed one token plus
+#: two state tensors (the stateless decoder's last C - 1 tokens would travel in a state), the encoder takes and gives
+#: (N, F, T) / (N, D, T) layouts, and the duration is read as the argmax index (durations must be 0, 1, ..., K - 1).
+#: The fifth cannot: that path computes its own features, librosa-style mel filterbanks (``is_librosa``, low
+#: frequency 0, no DC removal) with NeMo's per-feature normalisation, before any graph runs, while asrprec's models
+#: are trained on Kaldi-compatible fbank (lhotse, kaldi-native-fbank in sherpa-onnx's icefall path). sherpa-onnx's
+#: icefall transducer path, which computes those features, has no duration head: it would read the duration logits
+#: as tokens and never skip a frame.
+SHERPA_TDT_REASON = (
+    "sherpa-onnx decodes TDT models only through its NeMo transducer path, which computes librosa-style, "
+    "per-feature-normalised mel features instead of the Kaldi-compatible fbank asrprec's models are trained on, and "
+    "its icefall transducer path has no duration head; decode a TDT export with asrprec.export.load_onnx_model "
+    "(onnxruntime) instead")
+
 #: bumped when the exported graphs or metadata change meaning
 EXPORT_VERSION = 1
 MIN_TORCH = (2, 6)
@@ -210,9 +228,13 @@ def _export_decoder_joiner(model: nn.Module, out_dir: Path, opset: Optional[int]
     j = joiner.joiner_dim
     enc = torch.randn(_EXAMPLE_BATCH, j)
     dout = torch.randn(_EXAMPLE_BATCH, j)
+    joiner_meta = {**_common_metadata(model, "joiner"), "joiner_dim": str(j)}
+    durations = tuple(getattr(joiner, "durations", ()))
+    if durations:  # a TDT joiner: its last len(durations) outputs are duration logits
+        joiner_meta["tdt_durations"] = ",".join(str(d) for d in durations)
     joiner_path = _export_graph(
         JoinerHead(model), (enc, dout), out_dir / "joiner.onnx", ["encoder_out", "decoder_out"], ["logit"],
-        ({0: n}, {0: n}), [{0: "N"}, {0: "N"}], {**_common_metadata(model, "joiner"), "joiner_dim": str(j)}, opset)
+        ({0: n}, {0: n}), [{0: "N"}, {0: "N"}], joiner_meta, opset)
     return decoder_path, joiner_path
 
 
@@ -227,7 +249,10 @@ def export_offline(model: nn.Module, tokenizer: Any, out_dir: Path | str, *, chu
       (``zipformer2`` or ``conformer``).
     * ``decoder.onnx``: ``y`` (N, C) int64 (negative ids are blanks) -> ``decoder_out`` (N, J); metadata
       ``vocab_size``, ``context_size``.
-    * ``joiner.onnx``: ``encoder_out`` (N, J), ``decoder_out`` (N, J) -> ``logit`` (N, V).
+    * ``joiner.onnx``: ``encoder_out`` (N, J), ``decoder_out`` (N, J) -> ``logit`` (N, V); a TDT model's joiner
+      gives (N, V + K), token logits then the logits of its K durations, listed in the metadata ``tdt_durations``
+      (e.g. ``0,1,2,3,4``). asrprec's onnxruntime search (:mod:`asrprec.export.runtime`) decodes it with the TDT
+      greedy search; sherpa-onnx cannot (see :data:`SHERPA_TDT_REASON`).
 
     A causal Zipformer is exported with ``chunk_size`` / ``left_context_frames`` (50 Hz frames; -1 = full
     context) as a whole-utterance encoder (simulated streaming).
@@ -258,6 +283,13 @@ def export_offline(model: nn.Module, tokenizer: Any, out_dir: Path | str, *, chu
     return ExportedModel(encoder_path, decoder_path, joiner_path, tokens, streaming=False)
 
 
+def _refuse_tdt_streaming(model: nn.Module) -> None:
+    if tuple(getattr(getattr(model, "joiner", None), "durations", ())):
+        raise ValueError("streaming export of a TDT model is not supported: sherpa-onnx cannot decode TDT ("
+                         f"{SHERPA_TDT_REASON}), and asrprec's onnxruntime streaming search decodes RNN-T joiners "
+                         "only; export the model offline (without --streaming)")
+
+
 def export_streaming(model: nn.Module, tokenizer: Any, out_dir: Path | str, *, chunk_size: int,
                      left_context_frames: int, opset: Optional[int] = None) -> ExportedModel:
     """Export a causal Zipformer transducer for sherpa-onnx's ``OnlineRecognizer.from_transducer``.
@@ -270,8 +302,9 @@ def export_streaming(model: nn.Module, tokenizer: Any, out_dir: Path | str, *, c
     lists every per-stack value. ``decoder.onnx`` and ``joiner.onnx`` are the offline ones.
 
     Raises ValueError for a model that is not a causal Zipformer, or a chunk size / left context it was not trained
-    with.
+    with, and for a TDT model.
     """
+    _refuse_tdt_streaming(model)
     model = _prepare(model)
     out_dir = Path(out_dir)
     layout = StreamingLayout.of(model, chunk_size, left_context_frames)

@@ -62,6 +62,10 @@ class _DecoderJoiner:
         self.vocab_size = int(meta["vocab_size"])
         self.context_size = int(meta["context_size"])
         self.blank_id = 0  # sherpa-onnx's fixed blank
+        joiner_meta = _metadata(self.joiner)
+        # a TDT joiner (asrprec.export.export_offline of a --loss tdt model) adds duration logits after the V tokens
+        self.durations = tuple(int(d) for d in joiner_meta["tdt_durations"].split(",")) \
+            if joiner_meta.get("tdt_durations") else ()
         # sherpa-onnx treats the token named <unk> as a blank: not emitted, not fed back to the decoder
         self.unk_id = unk_id
 
@@ -80,6 +84,41 @@ class _DecoderJoiner:
         """(n, J), (n, J) -> (n, V)."""
         a, b = (i.name for i in self.joiner.get_inputs())
         return self.joiner.run(None, {a: encoder_out, b: decoder_out})[0]
+
+    def tdt_greedy(self, encoder_out: np.ndarray, lens: np.ndarray, max_sym_per_frame: int = 1) -> List[List[int]]:
+        """TDT greedy search over (n, T', J) ``encoder_out`` with ``lens`` valid frames per row, by the rules of
+        :mod:`asrprec.decoding.tdt` (each row jumps by its predicted duration, a blank at least one frame, at most
+        ``max_sym_per_frame`` tokens on one frame), ``unk_id`` counting as blank; n token-id lists."""
+        n, V = encoder_out.shape[0], self.vocab_size
+        durations = np.asarray(self.durations, dtype=np.int64)
+        hyps: List[List[int]] = [[] for _ in range(n)]
+        contexts = self.start_contexts(n)
+        dec = self.decoder_out(contexts) if n else None
+        t = np.zeros(n, dtype=np.int64)
+        sym = np.zeros(n, dtype=np.int64)
+        lens = np.asarray(lens, dtype=np.int64)
+        while True:
+            rows = np.nonzero(t < lens)[0]
+            if rows.size == 0:
+                return hyps
+            logits = self.logits(np.ascontiguousarray(encoder_out[rows, t[rows]]), dec[rows])
+            tokens = logits[:, :V].argmax(axis=-1)
+            jumps = durations[logits[:, V:].argmax(axis=-1)]
+            blank = tokens == self.blank_id
+            if self.unk_id is not None:
+                blank |= tokens == self.unk_id
+            jumps = np.where(blank, np.maximum(jumps, 1), jumps)
+            count = np.where(~blank & (jumps == 0), sym[rows] + 1, 0)
+            capped = count >= max_sym_per_frame
+            t[rows] += np.where(capped, 1, jumps)
+            sym[rows] = np.where(capped, 0, count)
+            rows, tokens = rows[~blank], tokens[~blank]
+            if rows.size == 0:
+                continue
+            for r, k in zip(rows.tolist(), tokens.tolist()):
+                hyps[r].append(int(k))
+            contexts[rows] = np.concatenate([contexts[rows, 1:], tokens[:, None].astype(np.int64)], axis=1)
+            dec[rows] = self.decoder_out(contexts[rows])
 
     def greedy_frames(self, encoder_out: np.ndarray, lens: np.ndarray, hyps: List[List[int]], contexts: np.ndarray,
                       dec: np.ndarray) -> None:
@@ -122,7 +161,10 @@ class OnnxOfflineModel(_DecoderJoiner):
         return out, out_lens.astype(np.int64)
 
     def greedy_search(self, encoder_out: np.ndarray, encoder_out_lens: np.ndarray) -> List[List[int]]:
-        """Greedy search, one symbol per frame; returns N token-id lists (no blanks)."""
+        """Greedy search, one symbol per frame (a TDT model: :meth:`tdt_greedy`); returns N token-id lists (no
+        blanks)."""
+        if self.durations:
+            return self.tdt_greedy(encoder_out, encoder_out_lens)
         n = encoder_out.shape[0]
         hyps: List[List[int]] = [[] for _ in range(n)]
         contexts = self.start_contexts(n)
@@ -144,6 +186,13 @@ class OnnxStreamingModel(_DecoderJoiner):
     def __init__(self, encoder: Path | str, decoder: Path | str, joiner: Path | str, num_threads: int = 1,
                  unk_id: Optional[int] = None):
         super().__init__(decoder, joiner, num_threads, unk_id)
+        if self.durations:
+            raise ValueError(f"{joiner} is a TDT joiner; streaming onnxruntime decoding handles RNN-T joiners only "
+                             "(export TDT models offline)")
+        self._load_encoder(encoder, num_threads)
+
+    def _load_encoder(self, encoder: Path | str, num_threads: int) -> None:
+        """The streaming step graph and the per-stack lists of its metadata."""
         self.encoder = _ort_model(encoder, num_threads)
         meta = self.metadata = _metadata(self.encoder)
         keys = ("encoder_dims", "num_encoder_layers", "query_head_dims", "value_head_dims", "num_heads",
@@ -226,14 +275,99 @@ class OnnxStreamingModel(_DecoderJoiner):
         return hyps
 
 
+class OnnxCtcOfflineModel:
+    """Offline CTC export (``export_ctc_offline``, ``model.onnx``): log-probabilities of whole utterances and greedy
+    search, as sherpa-onnx's ``offline-ctc-greedy-search-decoder.cc`` (blank 0, every other token emitted)."""
+
+    streaming = False
+    blank_id = 0
+
+    def __init__(self, model: Path | str, num_threads: int = 1):
+        self.model = _ort_model(model, num_threads)
+        self.metadata = _metadata(self.model)
+        if "decode_chunk_len" in self.metadata:
+            raise ValueError(f"{model} is a streaming model; load it with OnnxCtcStreamingModel")
+        self.vocab_size = int(self.model.get_outputs()[0].shape[2])
+
+    def log_probs(self, features: ArrayLike, feature_lens: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+        """(N, T, F) features and (N,) lengths -> ((N, T', V) float32 log-probabilities, (N,) int64 lengths)."""
+        x, x_lens = (i.name for i in self.model.get_inputs())
+        lp, lens = self.model.run(None, {x: _numpy(features, np.float32), x_lens: _numpy(feature_lens, np.int64)})
+        return lp, lens.astype(np.int64)
+
+    def decode(self, features: ArrayLike, feature_lens: ArrayLike) -> List[List[int]]:
+        """Greedy CTC search of a padded batch: N token-id lists in the input order."""
+        lp, lens = self.log_probs(features, feature_lens)
+        return [_ctc_greedy(lp[i, : lens[i]], -1, self.blank_id)[0] for i in range(lp.shape[0])]
+
+
+def _ctc_greedy(log_probs: np.ndarray, prev: int, blank_id: int) -> tuple[List[int], int]:
+    """(T, V): argmax per frame, a token emitted when it is not blank and not the previous frame's argmax ``prev``;
+    returns the tokens and the last frame's argmax."""
+    tokens = []
+    for k in log_probs.argmax(axis=-1).tolist():
+        if k != blank_id and k != prev:
+            tokens.append(int(k))
+        prev = k
+    return tokens, prev
+
+
+class OnnxCtcStreamingModel(OnnxStreamingModel):
+    """Streaming CTC export (``export_ctc_streaming``, ``model.onnx``): the chunks sherpa-onnx runs, with its states,
+    and greedy search carried across chunks (k2-fsa/sherpa-onnx ``online-ctc-greedy-search-decoder.cc``)."""
+
+    blank_id = 0
+
+    def __init__(self, model: Path | str, num_threads: int = 1):  # no decoder or joiner
+        self._load_encoder(model, num_threads)
+        self.vocab_size = int(self.encoder.get_outputs()[0].shape[2])
+
+    def decode(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0) -> List[List[int]]:
+        """Decode a padded batch as streams, whole chunks only (see :meth:`OnnxStreamingModel.decode` for the
+        features to pass). Returns N token-id lists in the input order."""
+        feats = _numpy(features, np.float32)
+        lens = _numpy(feature_lens, np.int64)
+        n = feats.shape[0]
+        chunks = np.array([self.num_chunks(int(t)) for t in lens + int(tail_padding_frames)])
+        width = max(int(chunks.max()) * self.decode_chunk_len + self.T, feats.shape[1]) if n else 0
+        x = np.full((n, width, feats.shape[2]), SILENCE_LOG_MEL, dtype=np.float32)
+        for i in range(n):
+            x[i, : lens[i]] = feats[i, : lens[i]]
+        hyps: List[List[int]] = [[] for _ in range(n)]
+        prev = [-1] * n
+        states, dims = self.init_states(n), self.batch_dims()
+        for k in range(int(chunks.max()) if n else 0):
+            rows = np.nonzero(chunks > k)[0]
+            start = k * self.decode_chunk_len
+            sub = [np.take(s, rows, axis=d) for s, d in zip(states, dims)]
+            out, new = self.run_encoder(np.ascontiguousarray(x[rows, start: start + self.T]), sub)
+            for s, v, d in zip(states, new, dims):
+                index = [slice(None)] * s.ndim
+                index[d] = rows
+                s[tuple(index)] = v
+            for j, r in enumerate(rows.tolist()):
+                tokens, prev[r] = _ctc_greedy(out[j], prev[r], self.blank_id)
+                hyps[r] += tokens
+        return hyps
+
+
 def load_onnx_model(model_dir: Path | str, variant: Optional[str] = None, num_threads: int = 1,
-                    unk_as_blank: bool = True) -> Union[OnnxOfflineModel, OnnxStreamingModel]:
+                    unk_as_blank: bool = True, ctc: bool = False
+                    ) -> Union[OnnxOfflineModel, OnnxStreamingModel, OnnxCtcOfflineModel, OnnxCtcStreamingModel]:
     """The exported model in ``model_dir`` (``encoder.onnx`` ... or, with ``variant="int8"``/``"fp16"``,
     ``encoder.int8.onnx`` ...), offline or streaming as its encoder's metadata says. ``unk_as_blank``: the token
-    tokens.txt names ``<unk>`` counts as a blank in the search, as in sherpa-onnx."""
+    tokens.txt names ``<unk>`` counts as a blank in the search, as in sherpa-onnx. ``ctc``: the CTC export
+    ``model.onnx`` instead (taken without asking when the folder holds no transducer)."""
     require("onnxruntime")
     model_dir = Path(model_dir)
     suffix = f".{variant}" if variant else ""
+    ctc_path = model_dir / f"model{suffix}.onnx"
+    if ctc or (ctc_path.is_file() and not (model_dir / f"encoder{suffix}.onnx").is_file()):
+        if not ctc_path.is_file():
+            raise FileNotFoundError(f"{model_dir} lacks {ctc_path.name}; export the CTC head first (the recipe's "
+                                    "export.py --ctc, or a CTC-only model)")
+        streaming = "decode_chunk_len" in _metadata(_ort_model(ctc_path, 1))
+        return (OnnxCtcStreamingModel if streaming else OnnxCtcOfflineModel)(ctc_path, num_threads=num_threads)
     paths = [model_dir / f"{part}{suffix}.onnx" for part in ("encoder", "decoder", "joiner")]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:

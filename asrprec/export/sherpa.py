@@ -5,7 +5,7 @@ lhotse's Fbank uses) from float samples in [-1, 1].
 sherpa-onnx ends the whole process on a model it rejects (e.g. missing metadata), so callers that must survive a
 bad model run :func:`main` in a child process::
 
-    python -m asrprec.export.sherpa --model-dir DIR [--variant int8] --waves waves.npz --out result.json
+    python -m asrprec.export.sherpa --model-dir DIR [--variant int8] [--ctc] --waves waves.npz --out result.json
 
 ``waves.npz`` holds 16 kHz float32 arrays; ``result.json`` maps each array's name to its token ids.
 """
@@ -27,9 +27,10 @@ SAMPLE_RATE = 16000
 TAIL_PADDING_S = 0.66
 
 
-def _paths(model_dir: Path, variant: Optional[str]) -> Dict[str, str]:
+def _paths(model_dir: Path, variant: Optional[str], ctc: bool = False) -> Dict[str, str]:
     suffix = f".{variant}" if variant else ""
-    paths = {part: model_dir / f"{part}{suffix}.onnx" for part in ("encoder", "decoder", "joiner")}
+    parts = ("model",) if ctc else ("encoder", "decoder", "joiner")  # model.onnx: a CTC head (asrprec.export.ctc)
+    paths = {part: model_dir / f"{part}{suffix}.onnx" for part in parts}
     paths["tokens"] = model_dir / "tokens.txt"
     missing = [p.name for p in paths.values() if not p.is_file()]
     if missing:
@@ -50,14 +51,29 @@ def read_tokens(path: Path | str) -> Dict[str, int]:
 
 
 def recognize(model_dir: Path | str, waves: Sequence[np.ndarray], *, streaming: bool, variant: Optional[str] = None,
-              num_threads: int = 1, batch: int = 8, tail_padding_s: float = TAIL_PADDING_S) -> List[List[int]]:
+              num_threads: int = 1, batch: int = 8, tail_padding_s: float = TAIL_PADDING_S,
+              ctc: bool = False) -> List[List[int]]:
     """Token ids sherpa-onnx recognises in each 16 kHz float waveform, ``batch`` streams per ``decode_streams``
     call; greedy search. ``streaming``: ``OnlineRecognizer`` (each stream followed by ``tail_padding_s`` of
-    silence) instead of ``OfflineRecognizer``."""
+    silence) instead of ``OfflineRecognizer``. ``ctc``: the CTC export ``model.onnx``
+    (``from_zipformer_ctc`` / ``from_zipformer2_ctc``) instead of the transducer's three files."""
     sherpa_onnx = require("sherpa_onnx")
-    paths = _paths(Path(model_dir), variant)
+    paths = _paths(Path(model_dir), variant, ctc)
+    if not ctc:
+        from .exporter import SHERPA_TDT_REASON, read_metadata
+
+        if "tdt_durations" in read_metadata(paths["joiner"]):
+            raise ValueError(f"{paths['joiner']} is the joiner of a TDT model: {SHERPA_TDT_REASON}")
     to_id = read_tokens(paths["tokens"])
-    if streaming:
+    if ctc and streaming:
+        rec = sherpa_onnx.OnlineRecognizer.from_zipformer2_ctc(
+            tokens=paths["tokens"], model=paths["model"], num_threads=num_threads, sample_rate=SAMPLE_RATE,
+            feature_dim=80, decoding_method="greedy_search")
+    elif ctc:
+        rec = sherpa_onnx.OfflineRecognizer.from_zipformer_ctc(
+            model=paths["model"], tokens=paths["tokens"], num_threads=num_threads, sample_rate=SAMPLE_RATE,
+            feature_dim=80, decoding_method="greedy_search")
+    elif streaming:
         rec = sherpa_onnx.OnlineRecognizer.from_transducer(
             tokens=paths["tokens"], encoder=paths["encoder"], decoder=paths["decoder"], joiner=paths["joiner"],
             num_threads=num_threads, sample_rate=SAMPLE_RATE, feature_dim=80, decoding_method="greedy_search")
@@ -95,6 +111,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--model-dir", type=Path, required=True)
     p.add_argument("--variant", default=None, help="int8 or fp16: encoder.int8.onnx ...")
     p.add_argument("--streaming", action="store_true")
+    p.add_argument("--ctc", action="store_true", help="decode the CTC export model.onnx")
     p.add_argument("--waves", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--batch", type=int, default=8)
@@ -102,7 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     data = np.load(args.waves)
     names = list(data.files)
     ids = recognize(args.model_dir, [data[n] for n in names], streaming=args.streaming, variant=args.variant,
-                    batch=args.batch)
+                    batch=args.batch, ctc=args.ctc)
     args.out.write_text(json.dumps(dict(zip(names, ids))))
 
 

@@ -41,17 +41,19 @@ def encoder_family(model: nn.Module) -> str:
 
 class OfflineEncoder(nn.Module):
     """``(x (N, T, F) float32, x_lens (N,) int64) -> (encoder_out (N, T', J) float32, encoder_out_lens (N,) int64)``:
-    the encoder followed by the joiner's encoder projection, as sherpa-onnx's offline transducer wants it.
+    the encoder followed by the joiner's encoder projection, as sherpa-onnx's offline transducer wants it (or by
+    another ``head``: the CTC head's log-probabilities, (N, T', V), for sherpa-onnx's zipformer CTC model).
 
     Runs the encoder's parts directly, as icefall's ``OnnxEncoder`` does, so the graph holds no input checks that
     read data (an exported graph cannot); a causal Zipformer runs with the chunk size and left context given here
     (-1 = full context)."""
 
-    def __init__(self, model: nn.Module, chunk_size: int = -1, left_context_frames: int = -1):
+    def __init__(self, model: nn.Module, chunk_size: int = -1, left_context_frames: int = -1,
+                 head: nn.Module | None = None):
         super().__init__()
         self.family = encoder_family(model)
         self.encoder = model.encoder
-        self.encoder_proj = model.joiner.encoder_proj
+        self.head = head if head is not None else model.joiner.encoder_proj
         self.chunk_size = int(chunk_size)
         self.left_context_frames = int(left_context_frames)
 
@@ -71,7 +73,7 @@ class OfflineEncoder(nn.Module):
             mask = make_pad_mask(out_lens, h.shape[1])
             for layer in enc.layers:
                 h = layer(h, pos_emb, mask)
-        return self.encoder_proj(h), out_lens
+        return self.head(h), out_lens
 
 
 class ProjectedDecoder(nn.Module):
@@ -91,7 +93,8 @@ class ProjectedDecoder(nn.Module):
 
 class JoinerHead(nn.Module):
     """``(encoder_out (N, J), decoder_out (N, J)) -> logit (N, V)``: ``output_linear(tanh(enc + dec))`` on inputs
-    already projected by the encoder and decoder graphs; raw logits (sherpa-onnx takes the log-softmax itself)."""
+    already projected by the encoder and decoder graphs; raw logits (sherpa-onnx takes the log-softmax itself). A TDT
+    joiner gives (N, V + K): the token logits, then those of its K durations."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -235,10 +238,10 @@ class StreamingEncoder(nn.Module):
     adds chunk frames to ``processed_lens``, which masks the cache slots not yet filled.
     """
 
-    def __init__(self, model: nn.Module, layout: StreamingLayout):
+    def __init__(self, model: nn.Module, layout: StreamingLayout, head: nn.Module | None = None):
         super().__init__()
         self.encoder = model.encoder
-        self.encoder_proj = model.joiner.encoder_proj
+        self.head = head if head is not None else model.joiner.encoder_proj  # or the CTC head's log-probs
         self.layout = layout
 
     def forward(self, x: Tensor, *states: Tensor) -> Tuple[Tensor, ...]:
@@ -253,7 +256,7 @@ class StreamingEncoder(nn.Module):
         ours.append(processed)
         x_lens = torch.zeros_like(processed) + x.shape[1]
         out, _, new = self.encoder.streaming_forward(x, x_lens, ours)
-        result: List[Tensor] = [self.encoder_proj(out)]
+        result: List[Tensor] = [self.head(out)]
         for i in range(n):
             key, nonlin, val1, val2, conv1, conv2 = new[6 * i: 6 * i + 6]
             result += [key, nonlin.transpose(0, 1).unsqueeze(0), val1, val2, conv1, conv2]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -23,7 +24,11 @@ import torch
 
 from .validate import validate_rnnt_inputs
 
+log = logging.getLogger(__name__)
+
 _ALL_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+# the auto choices already reported: (loss, device, dtype, backend)
+_AUTO_REPORTED: set[tuple[str, str, torch.dtype, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,9 @@ class BackendSpec:
     supports_clamp: bool = True
     supports_fastemit: bool = True
     description: str = ""
+    # the TDT loss, ``tdt_fn(logits, targets, logit_lens, target_lens, *, durations, blank, sigma) -> (B,)``;
+    # None: this backend has none
+    tdt_fn: Callable[..., torch.Tensor] | None = None
     auto_priority: dict[str, int] = field(default_factory=dict)  # device -> rank (lower first); absent: never auto
 
 
@@ -105,6 +113,7 @@ def _register_builtin() -> None:
         BackendSpec(
             name="torch",
             fn=_lazy("reference", "rnnt_loss_torch"),
+            tdt_fn=_lazy("tdt_reference", "tdt_loss_torch"),
             devices=("cpu", "cuda"),
             dtypes=_ALL_DTYPES,
             probe=_always,
@@ -116,6 +125,7 @@ def _register_builtin() -> None:
         BackendSpec(
             name="numba",
             fn=_lazy("numba_cpu", "rnnt_loss_numba"),
+            tdt_fn=_lazy("tdt_numba_cpu", "tdt_loss_numba"),
             devices=("cpu",),
             dtypes=_ALL_DTYPES,
             probe=_probe_numba,
@@ -128,6 +138,7 @@ def _register_builtin() -> None:
         BackendSpec(
             name="numba-cuda",
             fn=_lazy("numba_cuda", "rnnt_loss_numba_cuda"),
+            tdt_fn=_lazy("tdt_numba_cuda", "tdt_loss_numba_cuda"),
             # under NUMBA_ENABLE_CUDASIM=1 the same kernels run in numba's simulator on CPU tensors
             devices=("cpu",) if _sim() else ("cuda",),
             dtypes=(torch.float32, torch.float16, torch.bfloat16),
@@ -182,6 +193,7 @@ def available_backends() -> list[dict]:
                 "dtypes": tuple(str(d).replace("torch.", "") for d in spec.dtypes),
                 "clamp": spec.supports_clamp,
                 "fastemit": spec.supports_fastemit,
+                "tdt": spec.tdt_fn is not None,
                 "install_hint": spec.install_hint,
                 "description": spec.description,
             }
@@ -189,8 +201,10 @@ def available_backends() -> list[dict]:
     return out
 
 
-def _why_not(spec: BackendSpec, device: str, dtype: torch.dtype, clamp, fastemit_lambda) -> str:
+def _why_not(spec: BackendSpec, device: str, dtype: torch.dtype, clamp, fastemit_lambda, loss: str = "rnnt") -> str:
     """Empty string when ``spec`` can run the request, else the reason."""
+    if loss == "tdt" and spec.tdt_fn is None:
+        return "it does not implement the TDT loss"
     if device not in spec.devices:
         extra = " (set NUMBA_ENABLE_CUDASIM=1 to run its kernels in the simulator on CPU)" if spec.name == "numba-cuda" else ""
         return f"it runs on {', '.join(spec.devices)} tensors, not {device}{extra}"
@@ -207,26 +221,52 @@ def _why_not(spec: BackendSpec, device: str, dtype: torch.dtype, clamp, fastemit
     return ""
 
 
-def resolve_backend(backend: str, device: str, dtype: torch.dtype, clamp=None, fastemit_lambda=0.0) -> BackendSpec:
-    """The backend that will run a request (``backend="auto"`` resolved), or a ValueError saying why none."""
+def resolve_backend(
+    backend: str, device: str, dtype: torch.dtype, clamp=None, fastemit_lambda=0.0, *, loss: str = "rnnt"
+) -> BackendSpec:
+    """The backend that will run a request (``backend="auto"`` resolved), or a ValueError saying why none.
+
+    ``loss="tdt"`` asks for a backend's TDT loss (:func:`asrprec.losses.tdt_loss`) instead of its RNN-T loss.
+    """
+    kind = "TDT" if loss == "tdt" else "RNN-T"
     if backend == "auto":
         ranked = sorted(
             (s for s in _REGISTRY.values() if device in s.auto_priority), key=lambda s: s.auto_priority[device]
         )
+        passed_over = []
         for spec in ranked:
-            if not _why_not(spec, device, dtype, clamp, fastemit_lambda):
+            why = _why_not(spec, device, dtype, clamp, fastemit_lambda, loss)
+            if not why:
+                _report_auto_choice(kind, device, dtype, spec, passed_over)
                 return spec
-        raise ValueError(f"no RNN-T loss backend can handle {dtype} logits on {device}. Fix: use backend='torch'.")
+            passed_over.append(f"{spec.name}: {why}")
+        raise ValueError(f"no {kind} loss backend can handle {dtype} logits on {device}. Fix: use backend='torch'.")
     if backend not in _REGISTRY:
-        raise ValueError(f"unknown RNN-T loss backend {backend!r}. Fix: use one of {sorted(_REGISTRY)} or 'auto'.")
+        raise ValueError(f"unknown {kind} loss backend {backend!r}. Fix: use one of {sorted(_REGISTRY)} or 'auto'.")
     spec = _REGISTRY[backend]
-    why = _why_not(spec, device, dtype, clamp, fastemit_lambda)
+    why = _why_not(spec, device, dtype, clamp, fastemit_lambda, loss)
     if why:
         raise ValueError(
-            f"RNN-T loss backend {backend!r} cannot handle this call: {why}. "
+            f"{kind} loss backend {backend!r} cannot handle this call: {why}. "
             "Fix: pick another backend (see asrprec.losses.available_backends()) or backend='auto'."
         )
     return spec
+
+
+def _report_auto_choice(kind: str, device: str, dtype: torch.dtype, spec: BackendSpec, passed_over: list[str]) -> None:
+    """Log once per (loss, device, dtype) which backend ``auto`` chose; on CUDA, passing over a faster backend
+    because it is not installed is a warning naming it and the extra that installs the GPU kernels."""
+    key = (kind, device, dtype, spec.name)
+    if key in _AUTO_REPORTED:
+        return
+    _AUTO_REPORTED.add(key)
+    dtype_name = str(dtype).replace("torch.", "")
+    log.info("%s loss backend='auto' chose %s for %s logits on %s", kind, spec.name, dtype_name, device)
+    missing = [why for why in passed_over if ": it is unavailable: " in why]
+    if device == "cuda" and missing:
+        log.warning("the %s loss falls back to the slower %s backend on CUDA because a faster one is not installed "
+                    "(%s). Fix: pip install 'asrprec[cuda]' for the numba-cuda kernels", kind, spec.name,
+                    "; ".join(missing))
 
 
 def rnnt_loss(

@@ -37,6 +37,7 @@ their sums, vectorised so each lane sums ~V/32 terms) or float64 (log-denominato
 from __future__ import annotations
 
 import math
+import os
 
 import numba
 import numpy as np
@@ -462,6 +463,23 @@ def _empty_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def _set_threads() -> None:
+    """Size numba's thread pool to torch's intra-op thread count before the first parallel launch.
+
+    numba launches NUMBA_NUM_THREADS threads (default: the CPU count) on its first parallel call and
+    ``numba.set_num_threads`` only masks how many of them work (numba docs, "Setting the Number of
+    Threads"). With the OpenMP threading layer the launch also calls omp_set_num_threads(pool size),
+    which raises torch's own OpenMP thread count above ``torch.set_num_threads`` for the rest of the
+    process. So, unless the user chose NUMBA_NUM_THREADS in the environment, the pool is capped to
+    torch's count while it is not yet launched; the variable is set through the environment and
+    ``numba.config.reload_config`` (the documented route) so a later config reload keeps it.
+    """
+    from numba.np.ufunc import parallel
+
+    if not parallel._is_initialized and "NUMBA_NUM_THREADS" not in os.environ:
+        n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+        os.environ["NUMBA_NUM_THREADS"] = str(n)
+        numba.config.reload_config()
+        parallel.NUM_THREADS = n  # the pool size parallel.py read from config at import
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
 
 

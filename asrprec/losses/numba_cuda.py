@@ -23,7 +23,7 @@ f64 instruction (double precision runs at 1/64 of the fp32 rate on GeForce Amper
 test tier counts them for sm_80..sm_90 without a GPU). fp16 logits are read natively; bf16
 logits are read as raw 16-bit integers (numba has no bfloat16) and converted exactly with a
 table of powers of two; fp32→bf16 stores round to nearest even. Storing the gradient in fp16 adds its rounding
-error (≤ 2⁻¹¹ relative, about 2.4e-4 absolute for gradients of order 0.5, reference/nemo.md §1.3;
+error (≤ 2⁻¹¹ relative, fp16's unit roundoff: about 2.4e-4 absolute for gradients of order 0.5;
 ``tests/losses`` measures it against an fp32-stored gradient).
 
 With ``NUMBA_ENABLE_CUDASIM=1`` (set before numba is imported) the backend takes CPU tensors and
@@ -45,6 +45,8 @@ MAX_THREADS = 1024
 _threads = {"v": 128, "dp": 256}  # block sizes: over V (denominators, gradient) and over u (α, β)
 _grad_dtype: torch.dtype | None = None
 _kernels: dict | None = None
+# the device functions other kernel modules build on (the TDT kernels in tdt_numba_cuda), set by _build
+device_functions: dict = {}
 
 
 def _sim() -> bool:
@@ -324,6 +326,7 @@ def _build() -> dict:
         if i < a.size:
             a[i] = a[i] * TWO + ONE
 
+    device_functions.update(read=read, bf16_bits=bf16_bits, logaddexp=logaddexp)
     return dict(denominators=denominators, alphas=alphas, betas=betas, gradient=gradient, probe=probe, bf16_bits=bf16_bits)
 
 
@@ -338,7 +341,8 @@ def _get_kernels() -> dict:
 def numba_cuda_probe() -> tuple[bool, str]:
     """Compile and run a tiny kernel; ``(True, "")`` when numba-cuda works here, else ``(False, reason)``.
 
-    A real capability test (NeMo gates on an environment variable instead, reference/nemo.md §1.3).
+    A real capability test (NeMo gates on an environment variable and the numba version instead: NVIDIA/NeMo
+    ``nemo/core/utils/numba_utils.py``, ``is_numba_cuda_fp16_supported``).
     Under ``NUMBA_ENABLE_CUDASIM=1`` it tests the simulator.
     """
     try:

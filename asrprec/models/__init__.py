@@ -1,9 +1,10 @@
-"""Models: the transducer, its stateless decoder and joiner, the Conformer and Zipformer encoders."""
+"""Models: the transducer, its stateless decoder and joiner, its CTC head, the Conformer and Zipformer encoders."""
 
 from .builders import (
     ENCODERS, build_encoder, build_transducer, configure_streaming, count_parameters, resolved_encoder_overrides,
     unwrap_model,
 )
+from .ctc import CtcConfig
 from .decoder import Decoder
 from .joiner import Joiner
 from .masks import make_pad_mask
@@ -11,7 +12,7 @@ from .schedule import ScheduledFloat, set_batch_count, warmup_fraction
 from .transducer import LossConfig, Transducer, pruned_loss_scales
 
 __all__ = [
-    "ENCODERS", "Decoder", "Joiner", "LossConfig", "ScheduledFloat", "Transducer", "build_encoder",
+    "ENCODERS", "CtcConfig", "Decoder", "Joiner", "LossConfig", "ScheduledFloat", "Transducer", "build_encoder",
     "build_transducer", "configure_streaming", "count_parameters", "make_pad_mask", "pruned_loss_scales",
     "resolved_encoder_overrides", "set_batch_count", "unwrap_model", "warmup_fraction",
 ]

@@ -13,6 +13,7 @@ from asrprec.config import strict_from_dict
 from .decoder import Decoder
 from .joiner import Joiner
 from .schedule import set_batch_count  # noqa: F401  (the training loop imports it from here)
+from .ctc import CtcConfig
 from .transducer import LossConfig, Transducer
 
 ENCODERS = ("conformer", "zipformer")
@@ -47,8 +48,10 @@ def build_transducer(
     loss: LossConfig | dict | None = None,
     model_warmup_batches: int = 3000,
     encoder_overrides: dict | None = None,
+    use_transducer: bool = True,
+    ctc: CtcConfig | dict | None = None,
 ) -> Transducer:
-    """A transducer with the named encoder preset and a stateless decoder + joiner.
+    """A transducer with the named encoder preset and a stateless decoder + joiner, a CTC head, or both.
 
     The defaults are the recommended setup (icefall's current LibriSpeech recipe, and the embedded recipe's):
     a Zipformer trained with the pruned loss.
@@ -58,17 +61,29 @@ def build_transducer(
         vocab_size: V, blank included. blank_id: the blank id (0 by convention).
         decoder_dim / joiner_dim: default 256/256 for ``tiny``, else 512/512 (icefall's values).
         loss: a :class:`LossConfig` or a dict of its fields (``{"loss": "full"}``); default ``LossConfig()``
-            (the pruned loss).
+            (the pruned loss). ``loss="tdt"`` gives the joiner a duration head of ``len(tdt_durations)`` outputs.
         model_warmup_batches: the Conformer's model warm-up (other encoders ignore it).
         encoder_overrides: keyword overrides of the encoder preset's fields.
+        use_transducer: build the decoder and joiner (icefall's ``--use-transducer``); False needs ``ctc``.
+        ctc: a CTC head (:class:`CtcConfig` or a dict of its fields, ``{}`` for the defaults; icefall's
+            ``--use-ctc``, ``--use-cr-ctc`` ...); None: none. ``model.json`` records both as these arguments.
     """
+    if isinstance(ctc, dict):
+        ctc = strict_from_dict(CtcConfig, ctc)
+    if not use_transducer and ctc is None:
+        raise ValueError("use_transducer=False leaves the model without a head: add a CTC head (ctc=CtcConfig(), "
+                         "--use-ctc) or keep the transducer")
     enc = build_encoder(encoder, size, **(encoder_overrides or {}))
     d_dim, j_dim = _HEAD_DIMS.get(size, _DEFAULT_HEAD)
-    decoder = Decoder(vocab_size, decoder_dim or d_dim, blank_id=blank_id, context_size=context_size)
-    joiner = Joiner(enc.output_dim, decoder.output_dim, joiner_dim or j_dim, vocab_size)
     if isinstance(loss, dict):
         loss = strict_from_dict(LossConfig, loss)
-    return Transducer(enc, decoder, joiner, loss=loss, model_warmup_batches=model_warmup_batches)
+    decoder = joiner = None
+    if use_transducer:
+        decoder = Decoder(vocab_size, decoder_dim or d_dim, blank_id=blank_id, context_size=context_size)
+        durations = loss.tdt_durations if loss is not None and loss.loss == "tdt" else ()
+        joiner = Joiner(enc.output_dim, decoder.output_dim, joiner_dim or j_dim, vocab_size, durations=durations)
+    return Transducer(enc, decoder, joiner, loss=loss, ctc=ctc, vocab_size=vocab_size, blank_id=blank_id,
+                      model_warmup_batches=model_warmup_batches)
 
 
 def resolved_encoder_overrides(model: nn.Module) -> dict[str, Any]:

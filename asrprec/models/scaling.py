@@ -219,7 +219,7 @@ class BasicNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 
 
-class _BalancerFunction(torch.autograd.Function):
+class _ActivationBalancerFunction(torch.autograd.Function):
     """Identity forward; backward subtracts |grad|·(per-channel factor) (icefall ActivationBalancerFunction).
 
     Statistics are taken in forward (only a bool sign mask and per-channel factors are saved, not x),
@@ -312,8 +312,8 @@ class ActivationBalancer(nn.Module):
         if self.prob < 1.0 and float(torch.rand((), device="cpu")) >= self.prob:
             return x
         channel_dim = self.channel_dim % x.ndim
-        return _BalancerFunction.apply(x, channel_dim, self.min_positive, self.max_positive, self.max_factor,
-                                       self.min_abs, self.max_abs)
+        return _ActivationBalancerFunction.apply(x, channel_dim, self.min_positive, self.max_positive,
+                                                 self.max_factor, self.min_abs, self.max_abs)
 
     def extra_repr(self) -> str:
         return (f"channel_dim={self.channel_dim}, positive=[{self.min_positive}, {self.max_positive}], "

@@ -11,8 +11,11 @@ _size_update, _step, _step_scalar); the code is ours. Differences:
   that is ~6,000 against ~1,600 launches. On a CPU, where a launch is cheap, the stacking copies cost about what
   they save (benchmarks/RESULTS.md), so ``batched=None`` (default) batches only parameters that live on an
   accelerator.
-* State is always float32. For bf16/fp16 parameters the update is computed on an fp32 copy of the parameter
-  (kept in state as ``param_fp32``, so rounding does not accumulate) and written back rounded.
+* State is float32. For bf16/fp16 parameters the update is computed on an fp32 copy of the parameter
+  (kept in state as ``param_fp32``, so rounding does not accumulate) and written back rounded, unless a
+  ``weight_update`` rule (:class:`asrprec.optim.bf16_update.Bf16Update`: Kahan, stochastic or naive rounding,
+  optionally bf16 moments) writes bf16 weights without the fp32 copy; the RMS, the scale gradient ``sum(p * g)``
+  and the scalar clamp then read the rule's fp32 value of the weight.
 * Gradients that are None are skipped (icefall substitutes zeros).
 """
 
@@ -24,6 +27,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
+
+from .bf16_update import STATE_KEY, Bf16Update, load_state_keeping_dtypes
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +50,15 @@ class ScaledAdam(Optimizer):
       size_update_period: learn the tensor scale every this many steps.
       batched: stack same-shaped tensors and update them together (see the module docstring); None = only
         for parameters that are not on the CPU.
+      weight_update: how bf16 parameters take their fp32-computed update
+        (:class:`~asrprec.optim.bf16_update.Bf16Update`); None = through an fp32 copy kept in the state.
     """
 
     def __init__(self, params: Iterable, lr: float = 3e-2, clipping_scale: Optional[float] = None,
                  betas: Tuple[float, float] = (0.9, 0.98), scalar_lr_scale: float = 0.1, eps: float = 1.0e-8,
                  param_min_rms: float = 1.0e-5, param_max_rms: float = 3.0, scalar_max: float = 10.0,
-                 size_update_period: int = 4, clipping_update_period: int = 100, batched: Optional[bool] = None):
+                 size_update_period: int = 4, clipping_update_period: int = 100, batched: Optional[bool] = None,
+                 weight_update: Optional[Bf16Update] = None):
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
         if not (0 <= betas[0] < 1 and 0 < betas[1] < 1):
@@ -64,6 +72,7 @@ class ScaledAdam(Optimizer):
                         size_update_period=size_update_period, clipping_update_period=clipping_update_period)
         super().__init__(params, defaults)
         self.batched = batched
+        self.weight_update = weight_update
         # global clipping state (icefall keeps it in the first parameter's state)
         self._clip: Dict[str, Any] = {"step": 0, "norms": None, "threshold": None, "num_clipped": 0}
 
@@ -71,10 +80,16 @@ class ScaledAdam(Optimizer):
     def _init_state(self, group: dict, p: Tensor, state: dict) -> None:
         pf = p.detach().float()
         state["step"] = 0
-        if p.dtype != torch.float32:
-            state["param_fp32"] = pf.clone()
-        state["delta"] = torch.zeros_like(pf)
-        state["exp_avg_sq"] = torch.zeros_like(pf)
+        wu = self.weight_update
+        if wu is not None:
+            wu.init_state(p, state)
+            state["delta"] = wu.new_moment(p)
+            state["exp_avg_sq"] = wu.new_moment(p)
+        else:
+            if p.dtype != torch.float32:
+                state["param_fp32"] = pf.clone()
+            state["delta"] = torch.zeros_like(pf)
+            state["exp_avg_sq"] = torch.zeros_like(pf)
         if p.numel() > 1:
             rms = (pf ** 2).mean().sqrt().reshape(1)
             state["param_rms"] = rms
@@ -84,17 +99,25 @@ class ScaledAdam(Optimizer):
     def state_dict(self) -> Dict[str, Any]:
         sd = super().state_dict()
         sd["clipping"] = {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in self._clip.items()}
+        if self.weight_update is not None:
+            sd[STATE_KEY] = self.weight_update.state_dict()
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         clip = state_dict.pop("clipping", None)
+        rule = state_dict.pop(STATE_KEY, None)
+        if (rule is None) != (self.weight_update is None):
+            saved = "with" if rule is not None else "without"
+            raise ValueError(f"this ScaledAdam state was saved {saved} a bf16 update rule and the optimizer given is "
+                             f"{'with' if self.weight_update is not None else 'without'} one. Fix: resume under the "
+                             "precision policy and --bf16-update of the run that saved it")
+        if rule is not None:
+            self.weight_update.load_state_dict(rule)
         super().load_state_dict(state_dict)
-        # keep the fp32 state fp32 even if torch's loader cast it to the parameter dtype
-        for st in self.state.values():
-            for k, v in list(st.items()):
-                if isinstance(v, Tensor) and v.is_floating_point():
-                    st[k] = v.float()
+        # torch's loader casts floating state to the parameter's dtype; put back the saved tensors (fp32 state
+        # of a bf16 parameter, bf16 moments or Kahan buffers) as they were
+        load_state_keeping_dtypes(self, state_dict)
         if clip is not None:
             self._clip = clip
 
@@ -184,6 +207,7 @@ class ScaledAdam(Optimizer):
             key = (id(group), tuple(p.shape), p.dtype, p.device, state["step"])
             buckets.setdefault(key, []).append(item)
         stacked = []
+        wu = self.weight_update
         for items in buckets.values():
             group, p0, _, state0 = items[0]
             low_precision = "param_fp32" in state0
@@ -191,11 +215,14 @@ class ScaledAdam(Optimizer):
                 for _, p, _, state in items:
                     if not torch.equal(state["param_fp32"].to(p.dtype), p.data):
                         state["param_fp32"].copy_(p.data.float())  # changed outside the optimizer: resync
-            st = {"pf": torch.stack([st["param_fp32"] if low_precision else p.data for _, p, _, st in items]),
-                  "g": torch.stack([g for _, _, g, _ in items])}
+            if wu is not None:
+                pfs = [wu.read(p.data, st) for _, p, _, st in items]
+            else:
+                pfs = [st["param_fp32"] if low_precision else p.data for _, p, _, st in items]
+            st = {"pf": torch.stack(pfs).float(), "g": torch.stack([g for _, _, g, _ in items])}
             for k in ("delta", "exp_avg_sq", "param_rms", "scale_exp_avg_sq", "scale_grads"):
                 if k in state0:
-                    st[k] = torch.stack([it[3][k] for it in items])
+                    st[k] = torch.stack([it[3][k] for it in items]).float()
             stacked.append((group, items, st))
         sq_norms = []
         if self._clipping_active():
@@ -217,11 +244,19 @@ class ScaledAdam(Optimizer):
             for k, v in st.items():
                 if k == "g":
                     continue
+                if k == "pf" and wu is not None:
+                    for it, row in zip(items, v.unbind(0)):
+                        wu.write(it[1].data, row, it[3])
+                    continue
                 if k == "pf":
                     dst = [it[3]["param_fp32"] if "param_fp32" in it[3] else it[1].data for it in items]
                 else:
                     dst = [it[3][k] for it in items]
-                torch._foreach_copy_(dst, list(v.unbind(0)))
+                if wu is not None and dst[0].dtype != torch.float32:
+                    for d, row in zip(dst, v.unbind(0)):
+                        wu.store_moment(d, row)
+                else:
+                    torch._foreach_copy_(dst, list(v.unbind(0)))
             if "param_fp32" in items[0][3]:
                 torch._foreach_copy_([it[1].data for it in items], list(st["pf"].unbind(0)))
             for it in items:
@@ -269,10 +304,18 @@ class ScaledAdam(Optimizer):
         st["pf"].add_(st["delta"])
 
     def _step_one(self, group: dict, p: Tensor, g: Tensor, state: dict) -> None:
+        wu = self.weight_update
         low_precision = "param_fp32" in state
-        pf = state["param_fp32"] if low_precision else p.data
-        if low_precision and not torch.equal(pf.to(p.dtype), p.data):
-            pf.copy_(p.data.float())  # parameter changed outside the optimizer (e.g. loaded): resync
+        data = p.data
+        if wu is not None:
+            pf = wu.read(data, state)
+            moments = {k: state[k] for k in ("delta", "exp_avg_sq")}
+            for k, v in moments.items():
+                state[k] = wu.load_moment(v)
+        else:
+            pf = state["param_fp32"] if low_precision else data
+            if low_precision and not torch.equal(pf.to(p.dtype), data):
+                pf.copy_(data.float())  # parameter changed outside the optimizer (e.g. loaded): resync
         beta1 = group["betas"][0]
         step = state["step"]
         delta = state["delta"]
@@ -288,8 +331,13 @@ class ScaledAdam(Optimizer):
         else:
             self._step_scalar(group, pf, g, state)
         state["step"] = step + 1
-        if low_precision:
-            p.data.copy_(pf)
+        if wu is not None:
+            wu.write(data, pf, state)
+            for k, v in moments.items():
+                wu.store_moment(v, state[k])
+                state[k] = v
+        elif low_precision:
+            data.copy_(pf)
 
     def _size_update(self, group: dict, pf: Tensor, state: dict) -> None:
         beta1, beta2 = group["betas"]

@@ -72,6 +72,7 @@ class MasterWeightOptimizer(_Wrapper):
         with torch.no_grad():
             for p, m in zip(self._model_params, self._masters):
                 p.copy_(m)
+                m.grad = None  # the fp32 gradient copies live for the step only (4 bytes per parameter)
         return out
 
     def state_dict(self) -> dict:

@@ -6,19 +6,23 @@ policy         parameters (train)  compute               grad scaler  optimizer 
 ``fp32``       fp32                fp32                  no-op        fp32
 ``amp-fp16``   fp32                autocast fp16         GradScaler   fp32
 ``amp-bf16``   fp32                autocast bf16         no-op        fp32
-``bf16``       bf16 (whole cast)   bf16                  no-op        fp32 master weights (default)
+``bf16``       bf16 (whole cast)   bf16                  no-op        ``bf16_update``: fp32 master
+                                                                          weights (default), ``kahan``,
+                                                                          ``stochastic`` or ``none``
 =============  ==================  ====================  ===========  ==============================
 
 fp32 islands (features, log-softmax, the loss, normalisation statistics) stay fp32 under every policy
 (see :mod:`asrprec.precision.islands`). A policy the hardware cannot run raises
 :class:`UnsupportedPrecisionError` naming the reason; it is never silently downgraded.
 
-Why fp32 master weights for ``bf16``: bf16 has an 8-bit mantissa, so an update smaller than
-2^-9 of a weight's magnitude rounds away entirely (with Adam-style lr 1e-3..5e-2 relative updates and
-weights near 0.1, most late-training updates are lost). icefall's full-bf16 runs (PR #1700) lost
-about 5 % relative WER; keeping an fp32 copy in the optimizer restores amp-bf16 accuracy at a cost of
-4 bytes per parameter (activations, which dominate memory, stay bf16). ``bf16_update="none"``
-reproduces the naive behaviour for comparison; the measured comparison is in README.md.
+Why ``bf16`` needs an update rule: bf16 has an 8-bit mantissa, so an update smaller than 2^-9 of a
+weight's magnitude rounds away entirely (with Adam-style lr 1e-3..5e-2 relative updates and weights near
+0.1, most late-training updates are lost). icefall's full-bf16 runs (PR #1700) lost about 5 % relative
+WER. ``master`` keeps an fp32 copy in the optimizer (4 bytes per parameter plus its fp32 gradient during
+the step); ``kahan`` keeps a bf16 compensation buffer (2 bytes) and ``stochastic`` rounds the fp32-computed
+update stochastically (no buffer), the two remedies of Zamirai et al. (arXiv 2010.06192); ``none``
+reproduces the naive behaviour for comparison. ``bf16_moments`` stores the optimizer's moment buffers in
+bf16 too (not with ``master``). The rules and the bytes per parameter: :mod:`asrprec.optim.bf16_update`.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import torch
 
+from asrprec.optim.bf16_update import UPDATES as BF16_UPDATES
+from asrprec.optim.bf16_update import Bf16Update, with_bf16_update
+
 from . import capabilities
 from .islands import is_kept_fp32
 from .master import MasterWeightOptimizer
 from .scaler import LossScaler, NoOpScaler
 
 POLICIES = ("fp32", "amp-fp16", "amp-bf16", "bf16")
-BF16_UPDATES = ("master", "none")
 
 
 class UnsupportedPrecisionError(RuntimeError):
@@ -56,6 +62,7 @@ class PrecisionPolicy:
     bf16_update: str = "master"
     # keyword arguments of the LossScaler, read-only like every other field
     scaler_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    bf16_moments: bool = False  # bf16 only, not with "master": the optimizer's moment buffers in bf16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scaler_kwargs", MappingProxyType(dict(self.scaler_kwargs)))
@@ -88,13 +95,18 @@ class PrecisionPolicy:
         return NoOpScaler(**{k: v for k, v in kw.items() if k in NoOpScaler.ACCEPTS})
 
     def build_optimizer(self, params: Iterable, factory: Callable[[Any], torch.optim.Optimizer]):
-        """Build the optimizer with ``factory(params)``; under ``bf16`` wrap it so no update is lost.
+        """Build the optimizer with ``factory(params)``; under ``bf16`` make it write bf16 weights by
+        ``bf16_update``: fp32 masters around any optimizer, or a rule that ScaledAdam and AdamW take
+        (:func:`asrprec.optim.with_bf16_update`; other optimizers raise ValueError).
 
         ``params`` is anything a torch optimizer accepts (tensors or param-group dicts).
         """
-        if self.param_dtype == torch.bfloat16 and self.bf16_update == "master":
+        if self.param_dtype != torch.bfloat16:
+            return factory(params)
+        if self.bf16_update == "master":
             return MasterWeightOptimizer(params, factory)
-        return factory(params)
+        rule = Bf16Update(self.bf16_update, moments="bf16" if self.bf16_moments else "fp32")
+        return with_bf16_update(factory(params), rule)
 
     # -- inference --------------------------------------------------------------------------------
     def inference_dtype(self) -> torch.dtype:
@@ -123,15 +135,14 @@ class PrecisionPolicy:
             "compute_dtype": _dt(self.compute_dtype),
             "autocast": str(self.autocast_enabled),
             "grad_scaler": "GradScaler" if self.grad_scaler else "none",
-            "optimizer_update": (
-                {"master": "fp32 master weights", "none": "bf16 (naive)"}[
-                    self.bf16_update
-                ]
-                if self.param_dtype == torch.bfloat16
-                else "fp32"
-            ),
+            "optimizer_update": (_UPDATE_WORDS[self.bf16_update] if self.param_dtype == torch.bfloat16 else "fp32"),
+            "optimizer_state": "bfloat16" if self.bf16_moments else "float32",
             "loss_dtype": "float32",
         }
+
+
+_UPDATE_WORDS = {"master": "fp32 master weights", "kahan": "bf16 + Kahan compensation (bf16)",
+                 "stochastic": "bf16, stochastic rounding", "none": "bf16 (naive, round to nearest)"}
 
 
 def _dt(d: torch.dtype) -> str:
@@ -158,6 +169,7 @@ def get_policy(
     device: str | torch.device = "cpu",
     *,
     bf16_update: str = "master",
+    bf16_moments: bool = False,
     **scaler_kwargs: Any,
 ) -> PrecisionPolicy:
     """Resolve the policy ``name`` for ``device``; raise with the reason if this hardware cannot run it.
@@ -165,8 +177,11 @@ def get_policy(
     Args:
         name: ``"fp32"``, ``"amp-fp16"``, ``"amp-bf16"`` or ``"bf16"``.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
-        bf16_update: for ``bf16`` only: ``"master"`` (fp32 master weights, default) or ``"none"``
-            (naive bf16 updates, for comparison).
+        bf16_update: for ``bf16`` only: ``"master"`` (fp32 master weights, default), ``"kahan"``,
+            ``"stochastic"`` or ``"none"`` (naive bf16 updates, for comparison); see
+            :mod:`asrprec.optim.bf16_update`.
+        bf16_moments: for ``bf16`` with ``kahan``, ``stochastic`` or ``none``: keep the optimizer's moment
+            buffers in bf16 (stochastically rounded).
         scaler_kwargs: passed to :class:`~asrprec.precision.scaler.LossScaler` (``init_scale``,
             ``warn_floor``, ``abort_floor``...).
     """
@@ -182,6 +197,13 @@ def get_policy(
         raise ValueError(f"unknown precision policy {name!r}{hint}; choose one of {', '.join(POLICIES)}")
     if bf16_update not in BF16_UPDATES:
         raise ValueError(f"bf16_update must be one of {BF16_UPDATES}, got {bf16_update!r}")
+    if name != "bf16" and (bf16_update != "master" or bf16_moments):
+        raise ValueError(f"--bf16-update {bf16_update}{' --bf16-moments' if bf16_moments else ''} applies to the "
+                         f"bf16 policy only (policy {name!r} trains fp32 weights with an fp32 optimizer). Fix: use "
+                         "--precision bf16, or drop the flag")
+    if bf16_moments and bf16_update == "master":
+        raise ValueError("bf16_moments needs --bf16-update kahan, stochastic or none: fp32 master weights keep "
+                         "the inner optimizer in fp32")
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
         raise UnsupportedPrecisionError(f"device {device} is not supported; use 'cpu' or 'cuda'")
@@ -210,4 +232,5 @@ def get_policy(
     need(caps.bf16, caps.bf16_why, "bfloat16", fix)
     if name == "amp-bf16":
         return PrecisionPolicy(name, device, torch.float32, torch.bfloat16, True, False, bf16_update, scaler_kwargs)
-    return PrecisionPolicy(name, device, torch.bfloat16, torch.bfloat16, False, False, bf16_update, scaler_kwargs)
+    return PrecisionPolicy(name, device, torch.bfloat16, torch.bfloat16, False, False, bf16_update, scaler_kwargs,
+                           bf16_moments=bf16_moments)

@@ -11,22 +11,19 @@ from .distributed import (
     setup_distributed,
     teardown_distributed,
 )
+from asrprec.optim.factories import optimizer_from_config, scheduler_from_config
+from asrprec.rng import seed_everything
+
 from .experiment import ExperimentError, prepare_experiment, read_model_config
 from .forward import compute_loss, pad_targets
-from .loop import (
-    TooManySkippedBatches,
-    TrainState,
-    optimizer_from_config,
-    scheduler_from_config,
-    seed_everything,
-    train,
-    validate,
-)
-from .resume import ResumeMismatchError
+from .loop import train, validate
+from .preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
+from .resume import ResumeMismatchError, TrainState
+from .skips import TooManySkippedBatches
 
 __all__ = [
-    "DistributedEnv", "ExperimentError", "RankFailedError", "ResumeMismatchError", "TooManySkippedBatches",
-    "TrainConfig", "TrainState", "compute_loss", "get_rank", "get_world_size", "is_main_process",
+    "PREEMPTED_EXIT_CODE", "DistributedEnv", "ExperimentError", "RankFailedError", "ResumeMismatchError", "TooManySkippedBatches",
+    "TrainConfig", "TrainState", "TrainingPreempted", "compute_loss", "get_rank", "get_world_size", "is_main_process",
     "optimizer_from_config", "pad_targets", "prepare_experiment", "read_model_config", "scheduler_from_config",
     "seed_everything", "setup_distributed", "teardown_distributed", "train", "validate",
 ]

@@ -12,10 +12,14 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from asrprec.models.transducer import JOINT_MODES, LOSSES
+from asrprec.config import add_dataclass_args, dataclass_from_args
+from asrprec.models.transducer import JOINT_MODES, LOSSES, TDT_AUX
 from asrprec.precision import POLICIES
 
-from .config import OPTIMIZERS, SCAN_OOM_MODES, TrainConfig
+from .config import TrainConfig
+
+#: the DataConfig fields that are flags (the other fields are a recipe's decisions)
+DATA_FLAGS = ("max_duration", "num_buckets", "num_workers", "on_the_fly_feats", "spec_augment")
 
 PRECISION_HELP = (
     "precision policy: fp32 (float32 everywhere); amp-fp16 (autocast float16 + grad scaler); "
@@ -27,8 +31,21 @@ PRECISION_HELP = (
 def add_precision_args(p: argparse.ArgumentParser, default: str = "fp32") -> None:
     p.add_argument("--precision", choices=POLICIES, default=default, help=PRECISION_HELP)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available, else cpu)")
-    p.add_argument("--bf16-update", choices=("master", "none"), default="master",
-                   help="bf16 policy only: fp32 master weights (default) or naive bf16 updates (for comparison)")
+    p.add_argument("--bf16-update", choices=("master", "kahan", "stochastic", "none"), default="master",
+                   help="bf16 policy only, how the optimizer writes bf16 weights: master (fp32 master weights, "
+                        "+4 B/parameter; default), kahan (bf16 compensation buffer, +2 B), stochastic (stochastic "
+                        "rounding, +0 B) or none (round to nearest: small updates are lost; for comparison)")
+    p.add_argument("--bf16-moments", action="store_true",
+                   help="bf16 policy with --bf16-update kahan|stochastic|none only: keep the optimizer's moment "
+                        "buffers in bf16 too (-4 B/parameter)")
+
+
+def policy_from_args(args: argparse.Namespace):
+    """The precision policy the flags of :func:`add_precision_args` name, on this process's device."""
+    from asrprec.precision import get_policy
+
+    return get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update,
+                      bf16_moments=args.bf16_moments)
 
 
 def _json_dict(text: str) -> dict:
@@ -51,6 +68,19 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def _duration_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated frame counts such as 0,1,2,3,4, got {text!r}") from None
+    from asrprec.losses.tdt import validate_durations
+
+    try:
+        return validate_durations(values)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "zipformer", size: str = "tiny") -> None:
     """Model flags; the defaults are the library's recommended setup (Zipformer, pruned RNN-T loss), as
     :func:`asrprec.models.build_transducer`'s."""
@@ -69,13 +99,81 @@ def add_model_args(p: argparse.ArgumentParser, *, encoder: str = "zipformer", si
                    help="causal Zipformer: left contexts in 50 Hz frames, one drawn per batch (default 64,128,256,-1)")
     p.add_argument("--context-size", type=int, default=2)
     p.add_argument("--loss", choices=LOSSES, default="pruned",
-                   help="full: exact RNN-T; pruned: k2-style pruned RNN-T (simple loss + band of --prune-range)")
+                   help="full: exact RNN-T; pruned: k2-style pruned RNN-T (simple loss + band of --prune-range); "
+                        "tdt: token-and-duration transducer (the joiner also predicts --tdt-durations)")
+    p.add_argument("--tdt-durations", type=_duration_list, default=(0, 1, 2, 3, 4), metavar="N,N,...",
+                   help="--loss tdt: the frames an emission may advance (NeMo's durations)")
+    p.add_argument("--tdt-sigma", type=float, default=0.0,
+                   help="--loss tdt: logit under-normalisation subtracted from token log-probs (NeMo's sigma)")
+    p.add_argument("--tdt-omega", type=float, default=0.0,
+                   help="--loss tdt: probability of the plain RNN-T loss on the token logits instead (NeMo's omega)")
+    p.add_argument("--tdt-aux", choices=TDT_AUX, default="simple",
+                   help="--loss tdt: add the pruned loss's smoothed simple loss (warmed up as there), or none")
     p.add_argument("--joint-mode", choices=JOINT_MODES, default="full",
                    help="lean: exact loss computed tile by tile without materialising (B,T,U+1,V) logits")
     p.add_argument("--loss-backend", default="auto", help="rnnt_loss backend (see asrprec.losses.available_backends)")
     p.add_argument("--prune-range", type=int, default=5)
     p.add_argument("--loss-warmup-batches", type=int, default=2000,
                    help="pruned loss: batches over which the simple/pruned loss scales ramp (icefall warm_step)")
+    # heads and objectives, named as icefall's zipformer/train.py names them
+    p.add_argument("--use-transducer", type=_bool, nargs="?", const=True, default=True, metavar="true|false",
+                   help="the transducer head (decoder + joiner); false with --use-ctc trains a CTC-only model")
+    p.add_argument("--use-ctc", type=_bool, nargs="?", const=True, default=False, metavar="true|false",
+                   help="a CTC head on the encoder (beside the transducer, or alone with --use-transducer false)")
+    p.add_argument("--ctc-loss-scale", type=float, default=None,
+                   help="weight of the CTC loss (default: icefall's recipes' value: 1.0 alone, 0.2 beside a "
+                        "transducer, 0.1 beside a transducer with --use-cr-ctc)")
+    p.add_argument("--use-cr-ctc", type=_bool, nargs="?", const=True, default=False, metavar="true|false",
+                   help="consistency-regularised CTC (arXiv 2410.05101): two SpecAugment views per utterance, masked "
+                        "by the model (the data module's SpecAugment is then off); needs --use-ctc")
+    p.add_argument("--cr-loss-scale", type=float, default=None,
+                   help="weight of CR-CTC's consistency term (default: 0.2 alone, 0.02 beside a transducer)")
+    p.add_argument("--time-mask-ratio", type=float, default=None,
+                   help="CR-CTC's time masking relative to the usual SpecAugment: int(10*r) masks over at most "
+                        "0.15*r of the frames (default 2.5)")
+
+
+def _bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false (or 1/0), got {text!r}")
+
+
+def ctc_config_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~asrprec.models.CtcConfig` of ``--use-ctc`` ... ``--time-mask-ratio`` (and, for CR-CTC, a recipe's
+    ``--spec-aug-time-warp-factor``), or None without ``--use-ctc``.
+
+    Raises:
+        ValueError: a combination without a head, or a CTC or CR-CTC flag without ``--use-ctc`` / ``--use-cr-ctc``.
+    """
+    from asrprec.models import CtcConfig
+
+    if not args.use_transducer and not args.use_ctc:
+        raise ValueError("--use-transducer false leaves the model without a head: add --use-ctc (a CTC-only model) "
+                         "or keep the transducer")
+    if not args.use_ctc:
+        given = [f for f, v in (("--use-cr-ctc", args.use_cr_ctc), ("--ctc-loss-scale", args.ctc_loss_scale),
+                                ("--cr-loss-scale", args.cr_loss_scale), ("--time-mask-ratio", args.time_mask_ratio))
+                 if v is not None and v is not False]
+        if given:
+            raise ValueError(f"{', '.join(given)} configure the CTC head: add --use-ctc")
+        return None
+    if not args.use_cr_ctc and (args.cr_loss_scale is not None or args.time_mask_ratio is not None):
+        raise ValueError("--cr-loss-scale and --time-mask-ratio configure CR-CTC: add --use-cr-ctc")
+    extra = {} if args.time_mask_ratio is None else {"time_mask_ratio": args.time_mask_ratio}
+    if args.use_cr_ctc:  # the model warps each utterance before duplicating it (a recipe's SpecAugment flag)
+        extra["time_warp_factor"] = getattr(args, "spec_aug_time_warp_factor", None) or None
+    return CtcConfig(ctc_loss_scale=args.ctc_loss_scale, use_cr_ctc=args.use_cr_ctc, cr_loss_scale=args.cr_loss_scale,
+                     **extra)
+
+
+def data_spec_augment(args: argparse.Namespace, requested: bool) -> bool:
+    """Whether the data module applies SpecAugment: as ``requested``, except under ``--use-cr-ctc``, whose model
+    masks its two views of the unaugmented features itself (icefall trains CR-CTC with ``--enable-spec-aug 0``)."""
+    return requested and not getattr(args, "use_cr_ctc", False)
 
 
 def encoder_overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -100,65 +198,68 @@ def build_model_from_args(args: argparse.Namespace, tokenizer, **kwargs: Any) ->
     for ``model.json``: the encoder's resolved fields (preset + overrides), so that decoding rebuilds this
     architecture even if the preset changes later. ``kwargs`` go to ``build_transducer`` (e.g.
     ``model_warmup_batches``)."""
+    import dataclasses
+
     from asrprec.models import LossConfig, build_transducer, resolved_encoder_overrides
 
+    ctc = ctc_config_from_args(args)
     model = build_transducer(
         encoder=args.encoder, size=args.size, vocab_size=tokenizer.vocab_size, blank_id=tokenizer.blank_id,
         context_size=args.context_size, encoder_overrides=encoder_overrides_from_args(args),
+        use_transducer=args.use_transducer, ctc=ctc,
         loss=LossConfig(loss=args.loss, joint_mode=args.joint_mode, backend=args.loss_backend,
-                        prune_range=args.prune_range, loss_warmup_batches=args.loss_warmup_batches),
+                        prune_range=args.prune_range, loss_warmup_batches=args.loss_warmup_batches,
+                        **_tdt_fields(args)),
         **kwargs,
     )
     model_config = {"encoder": args.encoder, "size": args.size, "vocab_size": tokenizer.vocab_size,
                     "blank_id": tokenizer.blank_id, "context_size": args.context_size,
                     "encoder_overrides": resolved_encoder_overrides(model),
                     "loss": {"loss": args.loss, "joint_mode": args.joint_mode, "backend": args.loss_backend,
-                             "prune_range": args.prune_range}}
+                             "prune_range": args.prune_range, **_tdt_fields(args)}}
+    # written only when they differ from the defaults, so that the model.json of a transducer is unchanged
+    if not args.use_transducer:
+        model_config["use_transducer"] = False
+    if model.ctc_config is not None:
+        model_config["ctc"] = dataclasses.asdict(model.ctc_config)
     return model, model_config
 
 
+def _tdt_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The TDT fields of :class:`asrprec.models.LossConfig` (only with ``--loss tdt``: the durations size the
+    joiner, so ``model.json`` records them and decoding rebuilds the duration head from them)."""
+    if args.loss != "tdt":
+        return {}
+    return {"tdt_durations": list(args.tdt_durations), "tdt_sigma": args.tdt_sigma, "tdt_omega": args.tdt_omega,
+            "tdt_aux": args.tdt_aux}
+
+
 def add_training_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
-    d = TrainConfig(**{"exp_dir": "exp", **defaults})
-    p.add_argument("--exp-dir", default=d.exp_dir)
-    p.add_argument("--num-epochs", type=int, default=d.num_epochs)
-    p.add_argument("--start-epoch", type=int, default=d.start_epoch, help="resume from epoch-(N-1).pt")
-    p.add_argument("--start-batch", type=int, default=d.start_batch, help="resume mid-epoch from checkpoint-N.pt")
-    p.add_argument("--resume", default=d.resume, metavar="latest|FILE",
-                   help="resume from the newest complete checkpoint in --exp-dir (latest) or from FILE; the resumed "
-                        "run continues exactly where the checkpoint was written")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start a new run in an --exp-dir that holds another run's checkpoints (deleting them), or "
-                        "resume from an older checkpoint (deleting the newer ones)")
-    p.add_argument("--max-skipped-fraction", type=float, default=d.max_skipped_fraction,
-                   help="stop with an error (after a checkpoint) when more than this share of an epoch's batches is "
-                        "skipped (unreadable data, non-finite loss); an epoch without a trained batch always stops")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
-    p.add_argument("--base-lr", type=float, default=d.base_lr)
-    p.add_argument("--lr-batches", type=float, default=d.lr_batches)
-    p.add_argument("--lr-epochs", type=float, default=d.lr_epochs)
-    p.add_argument("--warmup-batches", type=int, default=d.warmup_batches)
-    p.add_argument("--ref-duration", type=float, default=d.ref_duration,
-                   help="seconds of audio one schedule batch stands for: Eden, the loss warm-up and the encoder "
-                        "schedules count steps × world size × max-duration / this (icefall: 600); 0 = the "
-                        "per-rank --max-duration, i.e. steps × world size (one process: its steps)")
-    p.add_argument("--encoder-schedule-scale", type=float, default=d.encoder_schedule_scale,
-                   help="encoder schedules (Zipformer dropout/skip rates) see the (adjusted) batch count × this")
-    p.add_argument("--grad-clip", type=float, default=d.grad_clip)
-    p.add_argument("--log-interval", type=int, default=d.log_interval)
-    p.add_argument("--valid-interval", type=int, default=d.valid_interval)
-    p.add_argument("--save-every-n", type=int, default=d.save_every_n)
-    p.add_argument("--keep-last-k", type=int, default=d.keep_last_k)
-    p.add_argument("--average-period", type=int, default=d.average_period,
-                   help="keep a running mean of the weights every N batches in each checkpoint, for decoding with "
-                        "--use-averaged-model (icefall's model_avg); 0 = off")
-    p.add_argument("--max-batches-per-epoch", type=int, default=d.max_batches_per_epoch)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--scan-oom", choices=SCAN_OOM_MODES, default=d.scan_oom,
-                   help="before the first epoch, run forward+backward on the riskiest batches (longest cut, most "
-                        "audio, most cuts ...) so a --max-duration that does not fit fails at once with the fix; "
-                        "auto = on CUDA only")
-    p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
-    p.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
+    """One flag per :class:`TrainConfig` field (:func:`asrprec.config.add_dataclass_args`); ``defaults`` are the
+    recipe's (checked by building a TrainConfig from them)."""
+    TrainConfig(**{"exp_dir": "exp", **defaults})
+    add_dataclass_args(p, TrainConfig, defaults={"exp_dir": "exp", **defaults})
+
+
+def add_data_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
+    """The :class:`asrprec.data.DataConfig` fields a run chooses on the command line (:data:`DATA_FLAGS`), with the
+    recipe's ``defaults``; :func:`data_config_from_args` reads them back."""
+    from asrprec.data import DataConfig
+
+    add_dataclass_args(p, DataConfig, only=DATA_FLAGS, defaults=defaults)
+
+
+def data_config_from_args(args: argparse.Namespace, **decisions: Any):
+    """The :class:`asrprec.data.DataConfig` of the :func:`add_data_args` flags, ``--seed``, and the recipe's
+    ``decisions`` (fields that are no flag, or flags it overrides); an invalid value exits like an argparse
+    error."""
+    from asrprec.data import DataConfig
+
+    try:
+        return dataclass_from_args(DataConfig, argparse.Namespace(**{k: getattr(args, k) for k in (*DATA_FLAGS, "seed")
+                                                                     if hasattr(args, k)}), **decisions)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def add_data_check_args(p: argparse.ArgumentParser) -> None:
@@ -189,18 +290,28 @@ def check_splits(cuts: dict[str, Any], args: argparse.Namespace, tokenizer, min_
 
 def run_main(main: Callable[[], Any], prog: str) -> None:
     """Run a recipe's ``main``; an error a user can fix (a bad folder, checkpoint, argument or data) ends the
-    program with its message (and in the log) instead of a traceback."""
+    program with its message (and in the log) instead of a traceback. A preempted run
+    (:class:`~asrprec.training.preemption.TrainingPreempted`) exits with
+    :data:`~asrprec.training.preemption.PREEMPTED_EXIT_CODE` (75)."""
+    import sys
+
     from asrprec.checkpoint import CheckpointError
+    from asrprec.data.corpora import CorpusError
     from asrprec.data.validate import DataCheckError
 
     from .experiment import ExperimentError
-    from .loop import TooManySkippedBatches
+    from .preemption import TrainingPreempted
     from .resume import ResumeMismatchError
+    from .skips import TooManySkippedBatches
 
     try:
         main()
+    except TrainingPreempted as e:
+        logging.getLogger("asrprec").warning("%s", e)
+        print(f"{prog}: {e}", file=sys.stderr)
+        raise SystemExit(e.exit_code) from None
     except (ExperimentError, CheckpointError, FileNotFoundError, TooManySkippedBatches, ResumeMismatchError,
-            DataCheckError) as e:
+            DataCheckError, CorpusError) as e:
         logging.getLogger("asrprec").error("%s", e)
         raise SystemExit(f"{prog}: error: {e}") from None
 
@@ -238,9 +349,8 @@ def announce(args: argparse.Namespace, model, policy) -> None:
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The :class:`TrainConfig` of parsed flags; an invalid combination exits like an argparse error."""
-    keys = TrainConfig.__dataclass_fields__.keys()
     try:
-        return TrainConfig(**{k: getattr(args, k) for k in keys if hasattr(args, k)})
+        return dataclass_from_args(TrainConfig, args)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -255,12 +365,21 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validate-data", choices=("fast", "full", "off"), default="fast",
                    help="leave out (and report) cuts the encoder cannot take or whose files are missing; full also "
                         "decodes every feature file first")
-    p.add_argument("--decoding-method", choices=("greedy_search", "modified_beam_search"), default="greedy_search")
-    p.add_argument("--beam-size", type=int, default=4)
-    p.add_argument("--max-sym-per-frame", type=int, default=1)
-    p.add_argument("--greedy-method", choices=("label_looping", "frame_looping"), default="label_looping",
+    from asrprec.decoding.api import METHODS
+    from asrprec.decoding.label_looping import DEFAULT_GREEDY_METHOD, GREEDY_METHODS
+
+    p.add_argument("--decoding-method", choices=METHODS, default="greedy_search",
+                   help="greedy_search / modified_beam_search decode the transducer, ctc_greedy_search / "
+                        "ctc_prefix_beam_search the CTC head (a hybrid model takes all four)")
+    p.add_argument("--beam-size", type=int, default=4,
+                   help="modified_beam_search and ctc_prefix_beam_search: hypotheses kept per utterance")
+    p.add_argument("--max-sym-per-frame", type=int, default=1,
+                   help="at most this many tokens per encoder frame: greedy_search, and both searches of a TDT model "
+                        "(NeMo's max_symbols)")
+    p.add_argument("--greedy-method", choices=GREEDY_METHODS, default=DEFAULT_GREEDY_METHOD,
                    help="greedy_search by label looping (asrprec.decoding.LabelLoopingGreedy: batched, CUDA graphs on "
-                        "a GPU) or by frame looping (asrprec.decoding.greedy_search); the same results")
+                        "a GPU) or by frame looping (asrprec.decoding.greedy_search); the same results. A TDT model: "
+                        "TdtLabelLoopingGreedy or tdt_greedy_search")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="causal Zipformer only (required there): decode in chunks of this many 50 Hz frames "
                         "(simulated streaming), or -1 for full context")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from asrprec.config import strict_from_dict
+from asrprec.config import option, strict_from_dict
 
 OPTIMIZERS = ("scaled_adam", "adamw")
 SCAN_OOM_MODES = ("auto", "on", "off")
@@ -13,59 +13,61 @@ SCAN_OOM_MODES = ("auto", "on", "off")
 
 @dataclass
 class TrainConfig:
-    """Everything the training loop needs besides the model, data and policy.
+    """Everything the training loop needs besides the model, data and policy; each field is a flag of
+    :func:`asrprec.training.cli.add_training_args`.
 
-    The learning-rate schedule is Eden (k2-fsa/icefall ``egs/librispeech/ASR/zipformer/optim.py``) for both optimizers:
-    ``lr = base_lr · ((b²+lr_batches²)/lr_batches²)^-¼ · ((e²+lr_epochs²)/lr_epochs²)^-¼ · warm-up``.
+    The learning-rate schedule is Eden (:mod:`asrprec.optim.factories`) for both optimizers.
     """
 
-    exp_dir: str
-    num_epochs: int = 10
-    start_epoch: int = 1
-    start_batch: int = 0  # resume mid-epoch from checkpoint-<start_batch>.pt
-    # resume from "latest" (the newest complete checkpoint in exp_dir) or from a checkpoint file; "" = no
-    resume: str = ""
-    # a new run may replace another run's files in exp_dir (and a resume may delete newer checkpoints)
-    overwrite: bool = False
-    # stop (with a checkpoint and an error) when more than this share of an epoch's batches were skipped
-    # (non-finite loss, unreadable data); a whole epoch of skipped steps always stops
-    max_skipped_fraction: float = 0.1
-    optimizer: str = "scaled_adam"
-    base_lr: float = 0.045
-    weight_decay: float = 0.0  # adamw only
-    lr_batches: float = 7500.0
-    lr_epochs: float = 3.5
-    warmup_batches: int = 500
-    # The schedules (Eden's batch index, the transducer's loss-scale and model warm-ups, the encoder's own
-    # schedules) see the adjusted batch count, which grows by world_size × max_duration / ref_duration per
-    # optimizer step (icefall's get_adjusted_batch_count, k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py,
-    # which applies it to the encoder's schedules only). ref_duration = 0 takes the run's own per-rank
-    # max_duration: a step counts world_size batches, so a single process counts its optimizer steps (as
-    # before) and N GPUs at the same per-rank max-duration move N times faster per step, i.e. at the same
-    # pace per hour of audio. Set ref_duration (icefall: 600 s) to also make a change of max-duration keep
-    # the schedules per hour of audio; lr_batches and loss_warmup_batches are then in batches of
-    # ref_duration seconds.
-    ref_duration: float = 0.0
-    # The encoder's own schedules (Zipformer dropout / layer-skip / balancer limits, written for batch counts
-    # in the thousands) see the adjusted batch count × this. A tiny corpus trained for ~1,500 batches wants
-    # > 1 to leave the heavy early regularisation; icefall's LibriSpeech setting is ref_duration=0 with
-    # max_duration/600 here, or ref_duration=600 with 1 here.
-    encoder_schedule_scale: float = 1.0
-    grad_clip: float = 0.0  # global-norm clip for adamw; ScaledAdam clips by itself (median-based)
-    log_interval: int = 20
-    valid_interval: int = 0  # batches between validations; 0 = at the end of each epoch only
-    save_every_n: int = 0  # batches between mid-epoch checkpoints; 0 = epoch checkpoints only
-    keep_last_k: int = 5
-    # running mean of the weights every N batches, stored in each checkpoint for decoding with
-    # --use-averaged-model (icefall's model_avg, average_period 200); 0 = off
-    average_period: int = 200
-    max_batches_per_epoch: int = 0  # 0 = the whole epoch (smoke tests set a few)
-    seed: int = 42
-    tensorboard: bool = True
-    progress_bar: bool = True
-    # forward+backward on the riskiest batches before the first epoch (asrprec.training.oom):
-    # "auto" = on CUDA with a lhotse loader, "on", "off"
-    scan_oom: str = "auto"
+    exp_dir: str = option(help="the experiment folder: checkpoints, train.log, tensorboard/, config.json, "
+                               "model.json, history.json")
+    num_epochs: int = option(10, help="train up to and including this epoch")
+    start_epoch: int = option(1, help="resume from epoch-(N-1).pt")
+    start_batch: int = option(0, help="resume mid-epoch from checkpoint-N.pt")
+    resume: str = option("", metavar="auto|latest|FILE",
+                         help="resume from the newest complete checkpoint in --exp-dir (latest) or from FILE; the "
+                              "resumed run continues exactly where the checkpoint was written. auto: as latest if "
+                              "there is a complete checkpoint, else start a new run (one command line for the first "
+                              "start and every restart by torchrun --max-restarts or a requeue)")
+    overwrite: bool = option(False, help="start a new run in an --exp-dir that holds another run's checkpoints "
+                                         "(deleting them), or resume from an older checkpoint (deleting the newer "
+                                         "ones)")
+    max_skipped_fraction: float = option(
+        0.1, help="stop with an error (after a checkpoint) when more than this share of an epoch's batches is "
+                  "skipped (unreadable data, non-finite loss); an epoch without a trained batch always stops")
+    optimizer: str = option("scaled_adam", choices=OPTIMIZERS, help="ScaledAdam (icefall's) or AdamW")
+    base_lr: float = option(0.045, help="Eden's base learning rate")
+    weight_decay: float = option(0.0, help="AdamW's weight decay (ScaledAdam has none)")
+    lr_batches: float = option(7500.0, help="Eden: the (adjusted) batch count over which the rate decays")
+    lr_epochs: float = option(3.5, help="Eden: the epoch count over which the rate decays")
+    warmup_batches: int = option(500, help="Eden: linear warm-up over this many (adjusted) batches")
+    ref_duration: float = option(
+        0.0, help="seconds of audio one schedule batch stands for (icefall: 600); 0 = the per-rank "
+                  "--max-duration (asrprec.training.loop.schedule_batches_per_step explains the adjusted count)")
+    encoder_schedule_scale: float = option(
+        1.0, help="the encoder's own schedules (Zipformer dropout, layer skipping, balancers) see the adjusted batch "
+                  "count x this; a tiny corpus trained for ~1,500 batches wants > 1")
+    grad_clip: float = option(0.0, help="global-norm clipping for AdamW; 0 = off (ScaledAdam clips by itself)")
+    log_interval: int = option(20, help="batches between log lines")
+    valid_interval: int = option(0, help="batches between validations; 0 = at the end of each epoch only")
+    save_every_n: int = option(0, help="batches between mid-epoch checkpoints; 0 = epoch checkpoints only")
+    keep_last_k: int = option(5, help="mid-epoch checkpoints kept; 0 = all")
+    average_period: int = option(
+        200, help="keep a running mean of the weights every N batches in each checkpoint, for decoding with "
+                  "--use-averaged-model (icefall's model_avg); 0 = off")
+    max_batches_per_epoch: int = option(0, help="end each epoch after this many batches; 0 = the whole epoch")
+    seed: int = option(42, help="random seed (rank r uses seed + r)")
+    tensorboard: bool = option(True, help="write tensorboard logs (under --exp-dir)")
+    progress_bar: bool = option(True, help="show a progress bar per epoch")
+    scan_oom: str = option(
+        "auto", choices=SCAN_OOM_MODES,
+        help="before the first epoch, run forward+backward on the riskiest batches (longest cut, most audio, most "
+             "cuts ...) so a --max-duration that does not fit fails at once with the fix; auto = on CUDA only")
+    preempt_signals: tuple[str, ...] = option(
+        ("SIGTERM", "SIGUSR1"), metavar="SIG,SIG,...",
+        help="on one of these signals (SLURM --signal, Kubernetes before it kills a pod) every rank stops at the next "
+             "step boundary, rank 0 writes a checkpoint at that batch and the process exits with code 75; the same "
+             "command with --resume auto continues exactly. Empty = none")
 
     def __post_init__(self) -> None:
         if self.ref_duration < 0:
@@ -91,6 +93,10 @@ class TrainConfig:
         if not 0.0 <= self.max_skipped_fraction <= 1.0:
             raise ValueError(f"max_skipped_fraction must be in [0, 1] (a share of an epoch's batches), got "
                              f"{self.max_skipped_fraction}")
+        from .preemption import parse_signals
+
+        self.preempt_signals = tuple(self.preempt_signals)
+        parse_signals(self.preempt_signals)  # raises naming the entry that is no signal
         if self.max_batches_per_epoch < 0:
             raise ValueError(f"max_batches_per_epoch must be >= 0 (0 = the whole epoch), got "
                              f"{self.max_batches_per_epoch}")

@@ -18,10 +18,12 @@ ranks in lockstep:
   the same step as one process given the union of their batches. (icefall sums per rank and lets DDP average,
   i.e. its gradient is 1/N of that; ScaledAdam and Adam are nearly invariant to the scale, an absolute
   ``grad_clip`` is not.) bf16/fp16 gradient buckets are summed in fp32 and rounded once.
-* ``find_unused_parameters=True``: the Zipformer skips layers and the positional projection at random, so some
-  parameters get no gradient in some steps, on some ranks only (icefall does the same,
-  k2-fsa/icefall ``egs/librispeech/ASR/zipformer/train.py``); with the full loss the transducer's "simple"
-  projections get none at all. A parameter no rank used keeps no gradient; one some rank used gets the sum.
+* ``find_unused_parameters`` where a step can leave a parameter without gradient (:func:`may_leave_parameters_unused`):
+  the Zipformer skips its positional projection at random, so some parameters get no gradient in some steps, on
+  some ranks only (icefall always sets it, k2-fsa/icefall ``egs/librispeech/ASR/zipformer/train.py``); with the
+  full loss the transducer's "simple" projections get none at all. A parameter no rank used keeps no gradient;
+  one some rank used gets the sum. Other models go without it (DDP warns when it finds nothing unused).
+* every gradient has its parameter's strides, those of DDP's bucket views (:func:`_match_bucket_layout`).
 * decisions that change the number of collective calls are taken together: :func:`flags_by_rank` (one small
   all-reduce) tells every rank which ranks have no batch left, failed in the forward pass, or got a non-finite
   loss, so all ranks stop, raise or skip the step together and none waits forever in an all-reduce the others
@@ -161,10 +163,34 @@ def setup_distributed(device: str | None = None, *, backend: str | None = None,
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
             kwargs["device_id"] = dev  # binds NCCL's communicator to this GPU at once
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world, **kwargs)
+        store = _attempt_store(rank, timeout)
+        if store is None:
+            kwargs["init_method"] = "env://"
+        else:
+            kwargs["store"] = store
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, **kwargs)
         atexit.register(teardown_distributed)
     return DistributedEnv(rank=rank, local_rank=local_rank, world_size=world, device=dev,
                           backend=dist.get_backend())
+
+
+def _attempt_store(rank: int, timeout: timedelta | None) -> Any:
+    """Under torchrun: its store (``MASTER_ADDR:MASTER_PORT``) seen through a prefix of this attempt
+    (``TORCHELASTIC_RESTART_COUNT``); None outside torchrun.
+
+    Every attempt of ``torchrun --max-restarts N`` meets in the same store. With ``env://``, the workers of a
+    restart read the keys the dead attempt left there (its gloo addresses): they connect to dead ports
+    ("Gloo connectFullMesh failed ... Connection refused") or wait until the timeout. A namespace per attempt
+    gives each attempt a clean rendezvous.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    # torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE); otherwise rank 0 does, as env:// would
+    hosted = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                          is_master=rank == 0 and not hosted, timeout=timeout or timedelta(minutes=30))
+    return dist.PrefixStore(f"asrprec/attempt{attempt}", store)
 
 
 def teardown_distributed() -> None:
@@ -194,6 +220,15 @@ def sum_over_ranks(*values: float) -> list[float]:
     if get_world_size() == 1:
         return [float(v) for v in values]
     return all_reduce_sum(torch.tensor(values, dtype=torch.float64)).tolist()
+
+
+def summed_counts(counts: dict[str, int]) -> dict[str, int]:
+    """Each key's count summed over ranks (the ranks' keys may differ; ``counts`` itself for one process)."""
+    out: dict[str, int] = {}
+    for rank_counts in gather_objects(dict(counts)):
+        for k, v in rank_counts.items():
+            out[k] = out.get(k, 0) + int(v)
+    return out
 
 
 def gather_objects(obj: Any) -> list[Any]:
@@ -269,13 +304,54 @@ def _sum_in_fp32_hook(group, bucket):  # no annotations: DDP checks them against
     return fut.then(done)
 
 
-def wrap_model(model: nn.Module, device: torch.device, *, find_unused_parameters: bool = True) -> nn.Module:
+def may_leave_parameters_unused(model: nn.Module) -> bool:
+    """Whether a training step of ``model`` can leave a parameter without a gradient, so that DDP must look for
+    such parameters (``find_unused_parameters``: one more pass over the autograd graph every step):
+
+    * a Zipformer attention module skips its positional projection at random (``pos_emb_skip_rate``; the other
+      Zipformer skip rates mask sequences, which keeps every parameter in the graph);
+    * the transducer's "simple" projections serve only the pruned loss and TDT's ``tdt_aux="simple"``.
+    """
+    if any(hasattr(m, "pos_emb_skip_rate") for m in model.modules()):
+        return True
+    cfg = getattr(model, "loss_config", None)
+    if getattr(model, "simple_am_proj", None) is None or cfg is None:
+        return False
+    return not (cfg.loss == "pruned" or (cfg.loss == "tdt" and cfg.tdt_aux == "simple"))
+
+
+def _match_bucket_layout(model: nn.Module) -> None:
+    """Give each gradient the strides of its parameter, which DDP's bucket views have.
+
+    Autograd keeps a new gradient's layout when it differs from the parameter's only in the strides of size-1
+    dimensions (its layout contract ignores them), and DDP compares all strides: the CPU depthwise-convolution
+    backward returns a (C, 1, K) weight gradient with strides (K, 1, 1) for a (K, K, 1) weight, and DDP then
+    warns "Grad strides do not match bucket view strides" and copies through a slow path. The gradient is
+    re-viewed with the parameter's strides (the same memory: a size-1 dimension's stride addresses nothing).
+    """
+    def restride(p: torch.Tensor) -> None:
+        g = p.grad
+        if g is not None and g.layout == torch.strided and g.stride() != p.stride() and g.is_contiguous():
+            p.grad = g.as_strided(p.shape, p.stride())
+
+    for p in model.parameters():
+        if p.requires_grad and p.is_contiguous() and 1 in p.shape:
+            p.register_post_accumulate_grad_hook(restride)
+
+
+def wrap_model(model: nn.Module, device: torch.device, *, find_unused_parameters: bool | None = None) -> nn.Module:
     """``model`` in DistributedDataParallel with summed gradients (see the module doc), or ``model`` itself
     without a process group. Wrap after the precision policy has moved and cast it (DDP broadcasts rank 0's
     parameters and buffers and registers its hooks on the parameters as they are then) and before building
-    the optimizer (the ``bf16`` master weights copy the broadcast values)."""
+    the optimizer (the ``bf16`` master weights copy the broadcast values).
+
+    ``find_unused_parameters``: None decides by :func:`may_leave_parameters_unused` (DDP warns, and pays a graph
+    traversal per step, when the flag is on and nothing was unused)."""
     if get_world_size() == 1:
         return model
+    if find_unused_parameters is None:
+        find_unused_parameters = may_leave_parameters_unused(model)
+    _match_bucket_layout(model)
     ddp = nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
         find_unused_parameters=find_unused_parameters)

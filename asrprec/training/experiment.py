@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from asrprec import checkpoint as ckpt
+from asrprec.atomic import atomic_write_text
 
 from .config import TrainConfig
 
-log = logging.getLogger("asrprec.train")
+log = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
 MODEL_NAME = "model.json"
@@ -119,7 +120,7 @@ def append_history(exp_dir: str | os.PathLike, event: dict[str, Any]) -> None:
     event kept."""
     events = read_history(exp_dir)
     events.append(_jsonable({"time": _now(), **event}))
-    ckpt.atomic_write_text(Path(exp_dir) / HISTORY_NAME, json.dumps(events, indent=1))
+    atomic_write_text(Path(exp_dir) / HISTORY_NAME, json.dumps(events, indent=1))
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -164,7 +165,7 @@ def record_model_config(exp_dir: str | os.PathLike, model_config: dict[str, Any]
     new = _jsonable(model_config)
     if path.is_file() and _read_json(path, "the run's model", "") == new:
         return
-    ckpt.atomic_write_text(path, json.dumps(new, indent=1))
+    atomic_write_text(path, json.dumps(new, indent=1))
 
 
 # -- starting a run --------------------------------------------------------------------------------
@@ -193,12 +194,27 @@ def _delete(paths: list[Path], exp_dir: Path, why: str) -> None:
 
 def resolve_resume(cfg: TrainConfig) -> Path | None:
     """The checkpoint a run resumes from (None for a new run): ``--resume latest`` / ``--resume FILE``,
-    ``--start-batch N`` (``checkpoint-N.pt``) or ``--start-epoch E`` (``epoch-(E-1).pt``).
+    ``--start-batch N`` (``checkpoint-N.pt``) or ``--start-epoch E`` (``epoch-(E-1).pt``); ``--resume auto`` is
+    ``latest`` when the folder holds a complete checkpoint and a new run when it holds no checkpoint at all.
 
     Raises:
         FileNotFoundError: the named checkpoint is missing (the message lists those present).
+        ExperimentError: ``--resume auto`` in a folder whose checkpoints are all unreadable (starting afresh would
+            silently drop them).
     """
     exp_dir = Path(cfg.exp_dir)
+    if cfg.resume == "auto":
+        present = ckpt.training_checkpoints(exp_dir) if exp_dir.is_dir() else []
+        if not present:
+            log.info("--resume auto: no checkpoint in %s, starting a new run", exp_dir)
+            return None
+        try:
+            path = ckpt.find_latest_checkpoint(exp_dir)
+        except FileNotFoundError as e:
+            raise ExperimentError(f"{e}. --resume auto does not start afresh over checkpoints it cannot read. Fix: "
+                                  f"move them aside, or start a new run with --overwrite") from None
+        log.info("--resume auto: resuming from %s", path)
+        return path
     if cfg.resume == "latest":
         return ckpt.find_latest_checkpoint(exp_dir)
     if cfg.resume:
@@ -239,7 +255,7 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[st
 
     Raises:
         ExperimentError: a new run in a folder with another run's checkpoints, or a resume from a checkpoint that
-            is not the newest, without ``overwrite``; ``overwrite`` together with ``--resume latest``; a resume with
+            is not the newest, without ``overwrite``; ``overwrite`` with ``--resume latest`` or ``auto``; a resume with
             another model; a resume from the end of the last epoch asked for.
         FileNotFoundError / CheckpointReadError: the checkpoint to resume from is missing or unreadable.
     """
@@ -259,8 +275,8 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[st
         if existing and rank == 0:
             _delete(_run_files(exp_dir), exp_dir, "the earlier run")
         return None
-    if cfg.overwrite and cfg.resume == "latest":
-        raise ExperimentError("--overwrite with --resume latest: there is nothing newer to overwrite. Fix: drop "
+    if cfg.overwrite and cfg.resume in ("latest", "auto"):
+        raise ExperimentError(f"--overwrite with --resume {cfg.resume}: there is nothing newer to overwrite. Fix: drop "
                               "--overwrite")
     check_model_config(exp_dir, model_config)
     position = ckpt.checkpoint_position(resume_from)
@@ -283,7 +299,7 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[st
 
 # train config entries that only say how an invocation started or where it stops; a resume changing them is
 # no change to the run
-_INVOCATION_KEYS = ("resume", "start_epoch", "start_batch", "overwrite", "num_epochs")
+_INVOCATION_KEYS = ("resume", "start_epoch", "start_batch", "overwrite", "num_epochs", "preempt_signals")
 
 
 def _without_invocation(config: dict[str, Any]) -> dict[str, Any]:
@@ -303,8 +319,8 @@ def record_run_start(exp_dir: str | os.PathLike, *, model_config: dict[str, Any]
     event: dict[str, Any] = {"command": list(sys.argv), "precision": precision}
     if resume is None:  # a new run (prepare_experiment made sure no other run's checkpoints are here)
         if model_config is not None:
-            ckpt.atomic_write_text(exp_dir / MODEL_NAME, json.dumps(_jsonable(model_config), indent=1))
-        ckpt.atomic_write_text(exp_dir / CONFIG_NAME, json.dumps(_jsonable(config), indent=1))
+            atomic_write_text(exp_dir / MODEL_NAME, json.dumps(_jsonable(model_config), indent=1))
+        atomic_write_text(exp_dir / CONFIG_NAME, json.dumps(_jsonable(config), indent=1))
         append_history(exp_dir, {"event": "start", **event})
         return
     record_model_config(exp_dir, model_config)

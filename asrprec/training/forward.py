@@ -35,7 +35,8 @@ def compute_loss(
     loss = out["loss"]
     frames = float(out["encoder_out_lens"].sum())
     info = {"frames": frames, "utterances": float(features.size(0)), "loss": float(loss.detach())}
-    for k in ("simple_loss", "pruned_loss", "transducer_loss"):
-        if k in out:
-            info[k] = float(out[k].detach())
+    # every loss part the model reports (transducer, CTC, CR-CTC ...), summed over the batch like "loss"
+    for k, v in out.items():
+        if k.endswith("_loss"):
+            info[k] = float(v.detach())
     return loss, info

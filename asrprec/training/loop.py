@@ -2,35 +2,26 @@
 a scaler (a no-op unless ``amp-fp16``) and an optimizer wrapper (fp32 master weights under ``bf16``).
 
 Plain functions: :func:`train` (experiment folder, resume, epochs, checkpoints), :func:`train_one_epoch`,
-:func:`train_step`, :func:`compute_loss`, :func:`validate`.
+:func:`train_step`, :func:`validate`. Around them: :mod:`~asrprec.training.resume` (the train state a checkpoint
+records, and exact resume), :mod:`~asrprec.training.skips` (skipped batches and their budget),
+:mod:`~asrprec.training.reporting` (log lines, tensorboard), :mod:`asrprec.optim.factories` (optimizer, schedule),
+:mod:`~asrprec.training.preemption` (stopping on a signal where the run can continue exactly).
 
 Under torchrun (after :func:`~asrprec.training.distributed.setup_distributed`) the same loop trains data-parallel:
 the model is wrapped in DDP with summed gradients, every rank reads its own shard, the ranks agree each step on
 whether to go on, skip or stop (:mod:`asrprec.training.distributed`), validation and the logged losses are summed
 over ranks, and only rank 0 writes checkpoints, tensorboard and the running average.
 
-Schedules count data, not steps (:func:`schedule_batches_per_step`): Eden's batch index, the transducer's
-warm-ups and the encoder's schedules see ``adjusted_batch_count``, which grows by
-``world_size × max_duration / ref_duration`` per optimizer step (icefall's ``get_adjusted_batch_count``), so
-a run on more GPUs follows the same schedule per hour of audio.
+Schedules count data, not steps: :func:`schedule_batches_per_step` says why and how.
 
-Nothing is lost and nothing is silent:
-
-* resume is exact: a checkpoint records the position in the epoch (:class:`~asrprec.training.resume.EpochProgress`)
-  and the random generators; a resumed run trains the same batches with the same random numbers as an
-  uninterrupted one (:mod:`asrprec.training.resume` explains how);
-* a batch that cannot be used is skipped, named in the log and counted: one whose loader failed or whose cuts are
-  all unreadable, one with a non-finite loss (under DDP such a step is skipped on every rank); more than ``max_skipped_fraction`` of an epoch's batches, or an
-  epoch without a single trained batch, stops the run with :class:`TooManySkippedBatches` after a checkpoint;
-* the epoch's checkpoint is written before validation, and validation leaves the random generators as they were
-  (so it can neither lose an epoch nor change what follows); a non-finite validation loss is a warning.
+The epoch's checkpoint is written before validation, and validation leaves the random generators as they were
+(so it can neither lose an epoch nor change what follows); a non-finite validation loss is a warning.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +32,9 @@ from torch import nn
 
 from asrprec import checkpoint as ckpt
 from asrprec.models import set_batch_count, unwrap_model
-from asrprec.precision import PrecisionPolicy, effective_dtypes
-from asrprec.rng import get_rng_state, preserved_rng, seed_everything, set_rng_state
+from asrprec.optim.factories import optimizer_from_config, scheduler_from_config
+from asrprec.precision import PrecisionPolicy
+from asrprec.rng import preserved_rng, seed_everything, set_rng_state
 
 from .config import TrainConfig
 from .distributed import (
@@ -50,94 +42,50 @@ from .distributed import (
     all_reduce_sum,
     barrier,
     check_sharded,
-    describe,
     flags_by_rank,
-    gather_objects,
     get_rank,
     get_world_size,
     is_main_process,
     raise_failure,
-    raise_if_any_failed,
-    sum_over_ranks,
     wrap_model,
 )
-from .experiment import (
-    ExperimentError,
-    append_history,
-    prepare_experiment,
-    read_history,
-    record_run_start,
-)
-from .forward import compute_loss, pad_targets
+from .experiment import ExperimentError, append_history, prepare_experiment, record_run_start
+from .forward import compute_loss
 from .oom import (
     describe_batch,
     is_out_of_memory,
     out_of_memory_error,
     sampler_max_duration,
     save_batch,
-    scan_pessimistic_batches,
+    scan_on_every_rank,
+    scan_wanted,
 )
-from .resume import EpochProgress, batch_cut_ids, epoch_iterator
-from .tb import SummaryWriterOrNull
+from .reporting import (
+    LOSS_COMPONENTS,
+    SummaryWriterOrNull,
+    epoch_stats,
+    log_epoch,
+    log_run_start,
+    log_step,
+    log_valid,
+    peak_memory_mb,
+    write_precision,
+)
+from .preemption import PreemptionWatch, preempted_ranks, stop_for_preemption
+from .resume import EpochProgress, TrainState, batch_cut_ids, checkpoint_extra, epoch_iterator, restore
+from .skips import (
+    NONFINITE,
+    UNLOADABLE,
+    dropped_cut_totals,
+    record_skip,
+    report_dropped_cuts,
+    stop_if_loader_broken,
+    stop_if_too_many_skipped,
+)
 
-log = logging.getLogger("asrprec.train")
+log = logging.getLogger(__name__)
 
-__all__ = ["TrainState", "TooManySkippedBatches", "seed_everything", "pad_targets", "compute_loss",
-           "optimizer_from_config", "scheduler_from_config", "validate", "train_step", "train_one_epoch", "train"]
-
-# batch skip reasons (EpochProgress.skipped keys)
-UNLOADABLE = "unloadable"
-NONFINITE = "non-finite loss"
-# how many skipped batches an epoch must have before the share of skipped batches is checked mid-epoch (at the
-# end of an epoch it is always checked)
-_MIN_SKIPS_FOR_SHARE = 3
-# a loader that raised this many times in a row is broken, not serving a few bad batches
-_MAX_LOADER_FAILURES_IN_A_ROW = 10
-
-
-class TooManySkippedBatches(RuntimeError):
-    """Too many batches of an epoch were skipped (bad data or a diverged model); a checkpoint was saved."""
-
-
-@dataclass
-class TrainState:
-    epoch: int = 1
-    batch_idx_train: int = 0
-    # the batch count the schedules see (see schedule_batches_per_step); = batch_idx_train for one process
-    adjusted_batch_count: float = 0.0
-    best_valid_loss: float = math.inf
-    best_valid_epoch: int = -1
-    history: list[dict[str, Any]] = field(default_factory=list)
-    progress: EpochProgress | None = None  # the position in the current epoch
-
-
-def optimizer_from_config(model: nn.Module, cfg: TrainConfig, policy: PrecisionPolicy):
-    """The optimizer ``cfg.optimizer`` names (ScaledAdam, icefall's, or AdamW), built through the policy's
-    :meth:`~asrprec.precision.PrecisionPolicy.build_optimizer` (fp32 master weights under bf16)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.optimizer == "scaled_adam":
-        from asrprec.optim import ScaledAdam
-
-        def factory(ps):
-            return ScaledAdam(ps, lr=cfg.base_lr, clipping_scale=2.0)
-    else:
-
-        def factory(ps):
-            return torch.optim.AdamW(ps, lr=cfg.base_lr, weight_decay=cfg.weight_decay)
-
-    return policy.build_optimizer(params, factory)
-
-
-def scheduler_from_config(optimizer, cfg: TrainConfig):
-    from asrprec.optim import Eden
-
-    return Eden(optimizer, lr_batches=cfg.lr_batches, lr_epochs=cfg.lr_epochs, warmup_batches=cfg.warmup_batches)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+__all__ = ["schedule_batches_per_step", "validate", "train_step", "train_one_epoch", "train"]
 
 
 @torch.no_grad()
@@ -174,10 +122,18 @@ def _grad_norm(model: nn.Module) -> float:
 
 
 def schedule_batches_per_step(cfg: TrainConfig, train_dl: Any) -> float:
-    """How far the schedules' batch count moves per optimizer step: ``world_size × max_duration /
-    ref_duration`` (k2-fsa/icefall ``egs/librispeech/ASR/zipformer/train.py``, ``get_adjusted_batch_count``),
-    with ``max_duration`` the training sampler's per-rank value. ``ref_duration=0`` takes this run's
-    ``max_duration``: each step then counts ``world_size`` batches, and a single process counts its steps."""
+    """How far the schedules' batch count moves per optimizer step: ``world_size × max_duration / ref_duration``.
+
+    This is the one statement of why schedules count data, not steps. The schedules (Eden's batch index, the
+    transducer's loss-scale and model warm-ups, the encoder's own schedules) see ``adjusted_batch_count``, which
+    grows by this much per step (k2-fsa/icefall ``egs/librispeech/ASR/zipformer/train.py``,
+    ``get_adjusted_batch_count``, which applies it to the encoder's schedules only); ``max_duration`` is the
+    training sampler's per-rank value. So N GPUs at the same per-rank ``max_duration`` move N times faster per
+    step, at the same pace per hour of audio. ``ref_duration=0`` takes this run's ``max_duration``: a step counts
+    ``world_size`` batches, and a single process counts its optimizer steps. A set ``ref_duration`` (icefall:
+    600 s) also keeps the schedules per hour of audio across a change of ``max_duration``; ``lr_batches`` and
+    ``loss_warmup_batches`` are then in batches of ``ref_duration`` seconds.
+    """
     world = get_world_size()
     if not cfg.ref_duration:
         return float(world)
@@ -212,47 +168,6 @@ def forward_on_every_rank(model: nn.Module, batch: dict[str, Any], tokenizer, po
     if failed:
         raise_failure(error, failed, what)
     return loss, info, nonfinite
-
-
-def _summed_over_ranks(info: dict[str, float]) -> dict[str, float]:
-    keys = sorted(k for k in info if k in ("loss", "frames", "utterances", "simple_loss", "pruned_loss",
-                                            "transducer_loss"))
-    return {**info, **dict(zip(keys, sum_over_ranks(*(info[k] for k in keys))))}
-
-
-# -- skipping batches ------------------------------------------------------------------------------
-
-
-def _skip(progress: EpochProgress, reason: str, ids: list[str], detail: str, batch_idx_train: int) -> None:
-    """Count a skipped batch and name it in the log."""
-    progress.skipped[reason] = progress.skipped.get(reason, 0) + 1
-    shown = ", ".join(ids[:8]) + (f", ... ({len(ids)} cuts)" if len(ids) > 8 else "") if ids else "cut ids unknown"
-    if len(progress.skipped_examples) < 10:
-        progress.skipped_examples.append(f"{ids[0] if ids else '?'} ({reason})")
-    log.warning("epoch %d, batch %d of the epoch (after training batch %d): skipped, %s: %s; cuts: %s",
-                progress.epoch, progress.batches_done, batch_idx_train, reason, detail, shown)
-
-
-def _skip_budget_exceeded(progress: EpochProgress, cfg: TrainConfig, *, end_of_epoch: bool) -> str | None:
-    """Why the run must stop because of skipped batches, or None."""
-    n, done = progress.num_skipped, progress.batches_done
-    counts = ", ".join(f"{reason} {k}" for reason, k in sorted(progress.skipped.items()))
-    if end_of_epoch and done == 0:
-        return (f"epoch {progress.epoch} had no batch at all: the training data are empty (every cut dropped by the "
-                "data checks or the duration filter?)")
-    if end_of_epoch and done > 0 and progress.steps == 0:
-        return f"no batch of epoch {progress.epoch} could be trained: all {done} were skipped ({counts})"
-    if n > cfg.max_skipped_fraction * done and (end_of_epoch or n >= _MIN_SKIPS_FOR_SHARE) and n > 0:
-        return (f"{n} of the {done} batches of epoch {progress.epoch}{'' if end_of_epoch else ' so far'} were "
-                f"skipped ({counts}), more than --max-skipped-fraction {cfg.max_skipped_fraction:g}")
-    return None
-
-
-def _report_dropped_cuts(batch: dict[str, Any], progress: EpochProgress) -> None:
-    for d in batch.get("dropped_cuts", []):
-        progress.dropped_cuts += 1
-        log.warning("epoch %d, batch %d of the epoch: cut %s left out of its batch: %s", progress.epoch,
-                    progress.batches_done, d["cut_id"], d["reason"])
 
 
 def _next_batch(batches: Iterator) -> tuple[Any, BaseException | None]:
@@ -313,29 +228,6 @@ def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, po
         raise
 
 
-def _log_step(info: dict[str, float], batch: dict[str, Any], *, optimizer, scaler, policy, state, writer, window):
-    """Every rank calls this at the same steps: the losses and frames/s are those of all ranks together."""
-    info = _summed_over_ranks(info)  # the global batch's loss
-    window["frames"] = sum_over_ranks(window["frames"])[0]
-    now = time.time()
-    fps = window["frames"] / max(now - window["t"], 1e-9)
-    window["frames"], window["t"] = 0.0, now
-    lr = optimizer.param_groups[0]["lr"]
-    per_frame = info["loss"] / max(info["frames"], 1.0)
-    log.info("epoch %d batch %d: loss %.4f/frame, lr %.3g, grad scale %.3g, grad norm %.3g, %.0f frames/s",
-             state.epoch, state.batch_idx_train, per_frame, lr, scaler.get_scale(), info["grad_norm"], fps)
-    step = state.batch_idx_train
-    writer.add_scalar("train/loss", per_frame, step)
-    for k in ("simple_loss", "pruned_loss"):
-        if k in info:
-            writer.add_scalar(f"train/{k}", info[k] / max(info["frames"], 1.0), step)
-    writer.add_scalar("train/learning_rate", lr, step)
-    writer.add_scalar("train/grad_scale", scaler.get_scale(), step)
-    writer.add_scalar("train/grad_norm", info["grad_norm"], step)
-    writer.add_scalar("train/frames_per_second", fps, step)
-    writer.add_scalar("train/peak_memory_mb", peak_memory_mb(policy.device), step)
-
-
 @dataclass
 class _Epoch:
     """What one epoch's loop carries besides the training state: the objects it steps and its logging window."""
@@ -367,24 +259,27 @@ def _train_on(batch: dict[str, Any], e: _Epoch) -> None:
     set_schedule_counts(bare, e.scheduler, state.adjusted_batch_count, cfg)
     log_now = (progress.batches_done - 1) % cfg.log_interval == 0
     info, nonfinite_ranks = train_step(e.model, batch, optimizer=e.optimizer, scaler=e.scaler, policy=e.policy,
-                      tokenizer=e.tokenizer, cfg=cfg, state=state, save=e.save, averager=e.averager,
-                      want_grad_norm=log_now, max_duration=e.max_duration)
+                                       tokenizer=e.tokenizer, cfg=cfg, state=state, save=e.save, averager=e.averager,
+                                       want_grad_norm=log_now, max_duration=e.max_duration)
     if info is None:
         where = "" if get_world_size() == 1 else f" on rank(s) {nonfinite_ranks} (the step is skipped on every rank)"
-        _skip(progress, NONFINITE, list(batch.get("cut_ids", [])), f"the loss is not finite{where}",
-              state.batch_idx_train)
+        record_skip(progress, NONFINITE, list(batch.get("cut_ids", [])), f"the loss is not finite{where}",
+                    state.batch_idx_train)
         return
     progress.steps += 1
     progress.tot_loss += info["loss"]
     progress.tot_frames += info["frames"]
+    for k in LOSS_COMPONENTS:
+        if k in info:
+            progress.tot_parts[k] = progress.tot_parts.get(k, 0.0) + info[k]
     e.window["frames"] += batch["features"].shape[0] * batch["features"].shape[1]
     if log_now:
-        _log_step(info, batch, optimizer=e.optimizer, scaler=e.scaler, policy=e.policy, state=state,
-                  writer=e.writer, window=e.window)
+        log_step(info, epoch=state.epoch, batch_idx_train=state.batch_idx_train, optimizer=e.optimizer,
+                 scaler=e.scaler, policy=e.policy, writer=e.writer, window=e.window)
     if cfg.valid_interval and state.batch_idx_train % cfg.valid_interval == 0:
         v = validate(e.model, e.valid_dl, e.tokenizer, e.policy)
         e.writer.add_scalar("valid/loss", v, state.batch_idx_train)
-        _log_valid(v, f"after batch {state.batch_idx_train}")
+        log_valid(v, f"after batch {state.batch_idx_train}")
     if cfg.save_every_n and state.batch_idx_train % cfg.save_every_n == 0:
         progress.seconds = time.time() - e.t0
         e.save(ckpt.batch_checkpoint_path(cfg.exp_dir, state.batch_idx_train).name)
@@ -402,33 +297,20 @@ def _consume(batch: Any, error: BaseException | None, e: _Epoch, unusable_ranks:
     on every rank, so that all ranks run the same collectives."""
     progress, state = e.state.progress, e.state
     if error is not None:
-        _skip(progress, UNLOADABLE, [], f"the loader raised {type(error).__name__}: "
-              f"{(str(error).strip().splitlines() or [''])[-1][:300]}", state.batch_idx_train)
+        record_skip(progress, UNLOADABLE, [], f"the loader raised {type(error).__name__}: "
+                    f"{(str(error).strip().splitlines() or [''])[-1][:300]}", state.batch_idx_train)
         return
-    _report_dropped_cuts(batch, progress)
+    report_dropped_cuts(batch, progress)
     if batch["features"].shape[0] == 0:
         ids = [d["cut_id"] for d in batch.get("dropped_cuts", [])]
-        _skip(progress, UNLOADABLE, ids, "no cut of the batch could be read", state.batch_idx_train)
+        record_skip(progress, UNLOADABLE, ids, "no cut of the batch could be read", state.batch_idx_train)
         return
     if unusable_ranks:
-        _skip(progress, UNLOADABLE, list(batch.get("cut_ids", [])),
-              f"the batch of rank(s) {unusable_ranks} could not be loaded (skipped on every rank)",
-              state.batch_idx_train)
+        record_skip(progress, UNLOADABLE, list(batch.get("cut_ids", [])),
+                    f"the batch of rank(s) {unusable_ranks} could not be loaded (skipped on every rank)",
+                    state.batch_idx_train)
         return
     _train_on(batch, e)
-
-
-def _stop_if_loader_broken(failures_in_a_row: int, error: BaseException | None, e: _Epoch) -> None:
-    if failures_in_a_row < _MAX_LOADER_FAILURES_IN_A_ROW:
-        return
-    path = ckpt.batch_checkpoint_path(e.cfg.exp_dir, e.state.batch_idx_train)
-    e.save(path.name)
-    barrier()  # on disk before any rank exits (torchrun then ends the others)
-    last = f"{type(error).__name__}: {str(error)[:300]}" if error is not None else "on another rank, see its log"
-    raise TooManySkippedBatches(
-        f"the training data loader failed {failures_in_a_row} times in a row (last: {last}); it is broken rather "
-        f"than serving a few bad batches. Saved {path}. Fix the loader or the data, then continue with --resume "
-        "latest") from error
 
 
 def train_one_epoch(
@@ -448,6 +330,7 @@ def train_one_epoch(
     averager: ckpt.RunningAverage | None = None,
     max_duration: float | None = None,
     per_step: float = 1.0,
+    preemption: PreemptionWatch | None = None,
 ) -> dict[str, float]:
     """Train on ``batches`` (an iterator positioned at ``state.progress.batches_done``) until the epoch or
     ``cfg.max_batches_per_epoch`` ends; returns per-frame average training loss and the epoch's statistics.
@@ -455,10 +338,13 @@ def train_one_epoch(
     Under DDP the epoch ends for all ranks when any rank's shard runs out (lhotse's samplers give every rank the
     same number of batches; other loaders need not), and a batch that one rank cannot use is skipped on all.
     ``per_step``: how far the schedules' batch count moves per step (:func:`schedule_batches_per_step`).
+    ``preemption``: a signal it recorded on any rank stops every rank after the step of the batch being agreed on
+    (:mod:`asrprec.training.preemption`).
 
     Raises:
         TooManySkippedBatches: more skipped batches than ``cfg.max_skipped_fraction`` allows, or a loader that
             keeps failing (a checkpoint named in the message was saved first).
+        TrainingPreempted: a preemption signal (a checkpoint named in the message was saved first).
     """
     model.train()
     progress = state.progress
@@ -481,9 +367,10 @@ def train_one_epoch(
             except StopIteration:
                 batch, error, exhausted = None, None, True
             # one agreement per batch (nothing under one process): the epoch ends for all when a shard runs out,
-            # and a batch that one rank cannot use is skipped on all
-            ended, unusable_ranks, failed_ranks = flags_by_rank(
-                exhausted, not exhausted and _unusable(batch, error), error is not None)
+            # a batch that one rank cannot use is skipped on all, and a preemption signal stops all after this step
+            ended, unusable_ranks, failed_ranks, preempted = flags_by_rank(
+                exhausted, not exhausted and _unusable(batch, error), error is not None,
+                preemption is not None and preemption.requested)
             if ended:
                 if not exhausted:
                     log.warning("rank(s) %s ran out of batches first: epoch %d ends here on every rank", ended,
@@ -492,167 +379,25 @@ def train_one_epoch(
             progress.batches_done += 1
             progress.last_cut_ids = batch_cut_ids(batch) if batch is not None else []
             failures_in_a_row = failures_in_a_row + 1 if failed_ranks else 0
-            _stop_if_loader_broken(failures_in_a_row, error, e)
+            stop_if_loader_broken(failures_in_a_row, error, exp_dir=cfg.exp_dir,
+                                  batch_idx_train=state.batch_idx_train, save=save)
             _consume(batch, error, e, [r for r in unusable_ranks if r != get_rank()])
-            _stop_if_too_many_skipped(progress, cfg, state, save, end_of_epoch=False)
+            stop_if_too_many_skipped(progress, max_skipped_fraction=cfg.max_skipped_fraction, exp_dir=cfg.exp_dir,
+                                     batch_idx_train=state.batch_idx_train, save=save, end_of_epoch=False)
             if bar is not None:
                 bar.update(1)
+            if preempted:
+                progress.seconds = time.time() - e.t0
+                stop_for_preemption(preemption, preempted, exp_dir=cfg.exp_dir, epoch=state.epoch,
+                                    batch_idx_train=state.batch_idx_train, batches_done=progress.batches_done,
+                                    keep_last_k=cfg.keep_last_k, save=save)
     finally:
         if bar is not None:
             bar.close()
     progress.seconds = time.time() - e.t0
-    _stop_if_too_many_skipped(progress, cfg, state, save, end_of_epoch=True)
-    return _epoch_stats(progress)
-
-
-def _epoch_stats(progress: EpochProgress) -> dict[str, Any]:
-    """The epoch's statistics over all ranks (every rank calls this)."""
-    tot_loss, tot_frames, dropped = sum_over_ranks(progress.tot_loss, progress.tot_frames, progress.dropped_cuts)
-    return {"train_loss": tot_loss / max(tot_frames, 1.0), "epoch_seconds": progress.seconds,
-            "batches": progress.batches_done, "steps": progress.steps, "skipped_batches": dict(progress.skipped),
-            "dropped_cuts": int(dropped)}
-
-
-def _stop_if_too_many_skipped(progress: EpochProgress, cfg: TrainConfig, state: TrainState, save,
-                              *, end_of_epoch: bool) -> None:
-    why = _skip_budget_exceeded(progress, cfg, end_of_epoch=end_of_epoch)
-    if why is None:
-        return
-    name = ckpt.batch_checkpoint_path(cfg.exp_dir, state.batch_idx_train).name
-    save(name)
-    if is_main_process():
-        append_history(cfg.exp_dir, {"event": "stopped", "epoch": progress.epoch,
-                                     "batch_idx_train": state.batch_idx_train, "reason": why,
-                                     "skipped_examples": progress.skipped_examples})
-    barrier()  # the checkpoint is on disk before any rank exits (torchrun then ends the others)
-    raise TooManySkippedBatches(
-        f"{why}. Skipped batches, e.g.: {', '.join(progress.skipped_examples[:5])} (the log names every cut). "
-        f"Saved {Path(cfg.exp_dir) / name}. Fix: for unreadable data, check the files (--validate-data full finds "
-        "them) and fix or leave them out; for non-finite losses, check those cuts (empty or very long "
-        "transcripts, corrupt features) or lower --base-lr; then continue with --resume latest (raise "
-        "--max-skipped-fraction to accept more skipped batches)")
-
-
-def _log_valid(value: float, when: str) -> None:
-    if math.isfinite(value):
-        log.info("validation loss %.4f/frame (%s)", value, when)
-    else:
-        log.warning("validation loss is %s (%s): the model produces non-finite losses on the dev set (diverged "
-                    "weights, or dev cuts it cannot score). Fix: resume from an earlier checkpoint with a lower "
-                    "--base-lr, or check the dev data (--validate-data full)", value, when)
-
-
-def _scan_wanted(mode: str, policy: PrecisionPolicy, train_dl: Any) -> bool:
-    """``scan_oom``: "on" always (a loader without a lhotse sampler is then an error), "off" never, "auto" on
-    CUDA with a lhotse loader (a CPU run rarely hits its memory limit, and the scan costs a few steps' time)."""
-    if mode == "on":
-        return True
-    if mode == "off" or policy.device.type != "cuda":
-        return False
-    return hasattr(getattr(train_dl, "sampler", None), "state_dict") and hasattr(train_dl, "dataset")
-
-
-# -- checkpoints and resume ------------------------------------------------------------------------
-
-
-def _extra(state: TrainState) -> dict[str, Any]:
-    """What a checkpoint records of the loop besides the training objects. Collective under DDP (every rank calls
-    it at the same point): the epoch's running totals are summed over ranks, and every rank's random-generator
-    states are kept (``rng_by_rank``), so that each rank resumes its own random draws."""
-    progress = state.progress.state_dict() if state.progress is not None else None
-    extra = {"epoch": state.epoch, "batch_idx_train": state.batch_idx_train,
-             "adjusted_batch_count": state.adjusted_batch_count, "world_size": get_world_size(),
-             "best_valid_loss": state.best_valid_loss, "best_valid_epoch": state.best_valid_epoch,
-             "history": list(state.history), "progress": progress}
-    if get_world_size() > 1:
-        if progress is not None:
-            progress["tot_loss"], progress["tot_frames"], dropped = sum_over_ranks(
-                progress["tot_loss"], progress["tot_frames"], progress["dropped_cuts"])
-            progress["dropped_cuts"] = int(dropped)
-        extra["rng_by_rank"] = gather_objects(get_rng_state())
-    return extra
-
-
-def _rank_rng(saved: dict[str, Any], extra: dict[str, Any], path: Path) -> dict | None:
-    """This rank's random-generator states from a checkpoint: its own under the same number of ranks, else rank
-    0's (then the resumed draws differ from an uninterrupted run's, which is said)."""
-    by_rank, world = extra.get("rng_by_rank"), get_world_size()
-    if isinstance(by_rank, list) and len(by_rank) == world:
-        return by_rank[get_rank()]
-    saved_world = int(extra.get("world_size", 1))
-    if saved_world != world:
-        log.warning("%s was written by %d process(es) and training continues with %d: the data shards and random "
-                    "draws differ from an uninterrupted run's from here on", path, saved_world, world)
-    return saved.get("rng")
-
-
-def _restore(path: Path, *, model, optimizer, scheduler, scaler, averager, policy, state: TrainState,
-             cfg: TrainConfig, per_step: float) -> tuple[dict | None, dict[str, Any]]:
-    """Load ``path`` into the training objects and ``state``; return (its random-generator states, a record of
-    the resume for the history). The generators are not restored here: the loop does it at the right moment."""
-    saved = ckpt.read_checkpoint(path)
-    info = ckpt.load_checkpoint(path, model=unwrap_model(model), optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                                policy=policy, restore_rng=False, checkpoint=saved)
-    saved_policy = (info.get("policy") or {}).get("policy")
-    if saved_policy is not None and saved_policy != policy.name:
-        log.warning("%s was saved under precision %s and training continues under %s: the weights are cast to the "
-                    "new policy's dtypes and the optimizer/scaler state carried over where both policies have it; "
-                    "the resumed run is not the same as continuing under %s", path, saved_policy, policy.name,
-                    saved_policy)
-    if averager is not None:
-        saved_avg = saved.get("model_avg")
-        if isinstance(saved_avg, dict) and "count" in saved_avg:
-            averager.load_state_dict(saved_avg)
-            averager.period = cfg.average_period
-        else:
-            log.warning("%s holds no running average of the weights: it restarts here, so decoding with "
-                        "--use-averaged-model can only average epochs trained from now on", path)
-    extra = info.get("extra", {})
-    state.batch_idx_train = int(extra.get("batch_idx_train", 0))
-    state.adjusted_batch_count = float(extra.get("adjusted_batch_count", state.batch_idx_train * per_step))
-    state.best_valid_loss = float(extra.get("best_valid_loss", math.inf))
-    state.best_valid_epoch = int(extra.get("best_valid_epoch", -1))
-    state.history = _resumed_history(list(extra.get("history") or []), cfg.exp_dir)
-    epoch = int(extra.get("epoch", max(cfg.start_epoch - 1, 1)))
-    progress = extra.get("progress")
-    if progress is None:  # a checkpoint without a recorded position: an end-of-epoch one from before it was kept
-        mid = path.name.startswith("checkpoint-")
-        if mid:
-            raise ckpt.CheckpointMismatchError(
-                f"{path} records no position within epoch {epoch}, so a mid-epoch resume from it cannot be exact. "
-                f"Fix: resume from the end of the previous epoch (--start-epoch {epoch})")
-        progress = {"epoch": epoch, "epoch_done": True}
-    state.progress = EpochProgress.from_state_dict(progress)
-    if get_rank() > 0:  # the saved totals are those of all ranks together (see _extra): rank 0 carries them on
-        state.progress.tot_loss = state.progress.tot_frames = 0.0
-        state.progress.dropped_cuts = 0
-    state.epoch = state.progress.epoch + 1 if state.progress.epoch_done else state.progress.epoch
-    rng = _rank_rng(saved, extra, path)
-    if rng is None:
-        log.warning("%s holds no random-generator states: the resumed run's random draws (dropout, augmentation) "
-                    "differ from an uninterrupted run's", path)
-    where = (f"the end of epoch {state.progress.epoch}" if state.progress.epoch_done else
-             f"epoch {state.epoch} after {state.progress.batches_done} batches")
-    log.info("resumed from %s at training batch %d (%s)", path, state.batch_idx_train, where)
-    config = dict(info.get("config") or {})
-    record = {"from": str(path), "epoch": state.epoch, "batch_idx_train": state.batch_idx_train,
-              "batches_done_in_epoch": 0 if state.progress.epoch_done else state.progress.batches_done,
-              "saved_precision": info.get("policy"), "config": config}
-    return rng, record
-
-
-def _resumed_history(history: list[dict[str, Any]], exp_dir: str) -> list[dict[str, Any]]:
-    """The checkpoint's epoch records, with validation losses the folder recorded after the checkpoint was
-    written (an epoch's checkpoint precedes its validation)."""
-    try:
-        recorded = {e.get("epoch"): e for e in read_history(exp_dir) if e.get("event") == "epoch"}
-    except (OSError, ValueError):
-        recorded = {}
-    out = []
-    for h in history:
-        r = recorded.get(h.get("epoch"), {})
-        out.append({**h, **{k: r[k] for k in ("valid_loss",) if k in r and "valid_loss" not in h}})
-    return out
+    stop_if_too_many_skipped(progress, max_skipped_fraction=cfg.max_skipped_fraction, exp_dir=cfg.exp_dir,
+                             batch_idx_train=state.batch_idx_train, save=save, end_of_epoch=True)
+    return epoch_stats(progress)
 
 
 def _end_epoch(*, stats: dict[str, Any], model, policy, tokenizer, valid_dl, cfg, state: TrainState, writer,
@@ -668,12 +413,7 @@ def _end_epoch(*, stats: dict[str, Any], model, policy, tokenizer, valid_dl, cfg
     state.history[-1].update(valid_loss=valid_loss, peak_memory_mb=stats["peak_memory_mb"])
     if valid_loss < state.best_valid_loss:
         state.best_valid_loss, state.best_valid_epoch = valid_loss, epoch
-    writer.add_scalar("valid/loss", valid_loss, state.batch_idx_train)
-    writer.add_scalar("train/epoch", epoch, state.batch_idx_train)
-    _log_valid(valid_loss, f"epoch {epoch}")
-    log.info("epoch %d done in %.1f s: train loss %.4f, valid loss %.4f (per frame), peak memory %.0f MB%s", epoch,
-             stats["epoch_seconds"], stats["train_loss"], valid_loss, stats["peak_memory_mb"],
-             f"; skipped batches {stats['skipped_batches']}" if stats["skipped_batches"] else "")
+    log_epoch(epoch, stats, batch_idx_train=state.batch_idx_train, writer=writer)
     if is_main_process():
         append_history(cfg.exp_dir, {"event": "epoch", "epoch": epoch, "batch_idx_train": state.batch_idx_train,
                                      **stats})
@@ -710,6 +450,8 @@ def train(
         FileNotFoundError / CheckpointReadError / CheckpointMismatchError: the checkpoint to resume from is
             missing, unreadable, or of another model or optimizer.
         TooManySkippedBatches: see :func:`train_one_epoch`.
+        TrainingPreempted: one of ``cfg.preempt_signals`` arrived; the checkpoint it names was saved, and the same
+            call with ``resume="auto"`` continues exactly (:mod:`asrprec.training.preemption`).
     """
     exp_dir = Path(cfg.exp_dir)
     resume_from = prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
@@ -718,18 +460,14 @@ def train(
     check_sharded(train_dl, "training")
     per_step = schedule_batches_per_step(cfg, train_dl)
     model = policy.prepare_model(model)
-    if _scan_wanted(cfg.scan_oom, policy, train_dl):
+    if scan_wanted(cfg.scan_oom, policy, train_dl):
         # before DDP: a backward pass through the bare model of a DDP wrapper leaves DDP's record of the
         # parameters used in the step wrong, and its first step then fails
-        _scan_on_every_rank(model, train_dl, tokenizer, policy, cfg)
+        scan_on_every_rank(model, train_dl, tokenizer, policy, encoder_schedule_scale=cfg.encoder_schedule_scale)
     # DDP after the cast (it broadcasts and hooks the parameters as they are) and before the optimizer (the
     # bf16 master weights copy rank 0's broadcast values)
     model = wrap_model(model, policy.device)
-    dtypes = effective_dtypes(model)
-    desc = policy.describe()
-    log.info("precision: %s", ", ".join(f"{k}={v}" for k, v in desc.items()))
-    log.info("processes: %s", describe())
-    log.info("parameter dtypes: %s", ", ".join(f"{k}: {v:,}" for k, v in dtypes.items()))
+    desc, dtypes = log_run_start(model, policy)
     optimizer = optimizer_from_config(model, cfg, policy)
     scheduler = scheduler_from_config(optimizer, cfg)
     scaler = policy.make_scaler()
@@ -747,7 +485,7 @@ def train(
         totals and random states then cover every rank); a save only one rank may reach passes False."""
         # no sampler state: the position is extra["progress"] (a lhotse sampler's own state runs ahead of training
         # by the batches its DataLoader workers prefetched)
-        extra = _extra(state) if collective or get_world_size() == 1 else None
+        extra = checkpoint_extra(state) if collective or get_world_size() == 1 else None
         if is_main_process():
             ckpt.save_checkpoint(exp_dir / name, model=unwrap_model(model), optimizer=optimizer, scheduler=scheduler,
                                  scaler=scaler, policy=policy, config=full_config, model_avg=averager,
@@ -756,16 +494,17 @@ def train(
 
     rng, record = None, None
     if resume_from is not None:
-        rng, record = _restore(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                               averager=averager, policy=policy, state=state, cfg=cfg, per_step=per_step)
+        rng, record = restore(resume_from, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                              averager=averager, policy=policy, state=state, cfg=cfg, per_step=per_step)
         if state.epoch > cfg.num_epochs:
             raise ExperimentError(f"{resume_from} ends epoch {state.epoch - 1} and --num-epochs is {cfg.num_epochs}: "
                                   "nothing to train. Fix: raise --num-epochs")
     record_run_start(exp_dir, model_config=model_config, config=full_config, precision=desc, resume=record,
                      rank=get_rank())
 
-    with SummaryWriterOrNull(exp_dir / "tensorboard", enabled=cfg.tensorboard and is_main_process()) as writer:
-        writer.add_text("precision", "\n".join(f"{k}: {v}" for k, v in {**desc, **dtypes}.items()), 0)
+    with PreemptionWatch(cfg.preempt_signals) as watch, \
+            SummaryWriterOrNull(exp_dir / "tensorboard", enabled=cfg.tensorboard and is_main_process()) as writer:
+        write_precision(writer, desc, dtypes)
         for epoch in range(state.epoch, cfg.num_epochs + 1):
             state.epoch = epoch
             resumed_mid_epoch = state.progress is not None and state.progress.epoch == epoch \
@@ -776,6 +515,9 @@ def train(
             if rng is not None and not resumed_mid_epoch:
                 set_rng_state(rng)  # the end-of-epoch checkpoint's generators precede this epoch's iterator
                 rng = None
+            duration_drops = getattr(train_dl, "duration_drops", None)
+            if duration_drops is not None:
+                duration_drops.start_pass()
             batches = epoch_iterator(train_dl, epoch, state.progress.batches_done,
                                      state.progress.last_cut_ids if is_main_process() else None)
             if rng is not None:
@@ -785,21 +527,15 @@ def train(
                                     policy=policy, tokenizer=tokenizer, batches=batches, valid_dl=valid_dl,
                                     cfg=cfg, state=state, writer=writer, save=save, averager=averager,
                                     max_duration=sampler_max_duration(getattr(train_dl, "sampler", None)),
-                                    per_step=per_step)
+                                    per_step=per_step, preemption=watch)
+            stats["dropped_cuts_by_reason"] = dropped_cut_totals(state.progress, duration_drops)
             _end_epoch(stats=stats, model=model, policy=policy, tokenizer=tokenizer, valid_dl=valid_dl, cfg=cfg,
                        state=state, writer=writer, save=save)
+            if epoch < cfg.num_epochs and (ranks := preempted_ranks(watch)):  # a signal during the epoch's end
+                stop_for_preemption(watch, ranks, exp_dir=cfg.exp_dir, epoch=epoch,
+                                    batch_idx_train=state.batch_idx_train, batches_done=state.progress.batches_done,
+                                    keep_last_k=cfg.keep_last_k, save=save,
+                                    path=ckpt.epoch_checkpoint_path(cfg.exp_dir, epoch))
     barrier()  # rank 0's last checkpoint is written before any rank returns (and may resume from it)
     return state
 
-
-def _scan_on_every_rank(model: nn.Module, train_dl, tokenizer, policy: PrecisionPolicy, cfg: TrainConfig) -> None:
-    """The OOM scan of each rank's riskiest batches, on the model before DDP wraps it (no gradient all-reduce:
-    ranks may try different numbers of batches; the memory of DDP's gradient buckets, one more copy of the
-    gradients, is not included); a rank whose batch does not fit stops every rank with its message."""
-    error = None
-    try:
-        scan_pessimistic_batches(model, train_dl, tokenizer, policy,
-                                 encoder_schedule_scale=cfg.encoder_schedule_scale)
-    except Exception as e:  # noqa: BLE001 - re-raised by raise_if_any_failed
-        error = e
-    raise_if_any_failed(error, "the out-of-memory scan of the riskiest batches")

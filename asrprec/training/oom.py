@@ -26,9 +26,10 @@ from asrprec.models import set_batch_count, unwrap_model
 from asrprec.precision import PrecisionPolicy
 from asrprec.rng import get_rng_state, set_rng_state
 
+from .distributed import raise_if_any_failed
 from .forward import compute_loss
 
-log = logging.getLogger("asrprec.train")
+log = logging.getLogger(__name__)
 
 # "out of memory": CUDA (torch.OutOfMemoryError), MPS, HIP; "can't allocate memory": the CPU allocator
 _OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory")
@@ -162,3 +163,27 @@ def scan_pessimistic_batches(
         set_rng_state(rng)
         model.train(was_training)
     return peaks
+
+
+def scan_wanted(mode: str, policy: PrecisionPolicy, train_dl: Any) -> bool:
+    """``scan_oom``: "on" always (a loader without a lhotse sampler is then an error), "off" never, "auto" on
+    CUDA with a lhotse loader (a CPU run rarely hits its memory limit, and the scan costs a few steps' time)."""
+    if mode == "on":
+        return True
+    if mode == "off" or policy.device.type != "cuda":
+        return False
+    return hasattr(getattr(train_dl, "sampler", None), "state_dict") and hasattr(train_dl, "dataset")
+
+
+def scan_on_every_rank(model: nn.Module, train_dl, tokenizer, policy: PrecisionPolicy, *,
+                       encoder_schedule_scale: float = 1.0) -> None:
+    """:func:`scan_pessimistic_batches` of each rank's riskiest batches, on the model before DDP wraps it (no
+    gradient all-reduce: ranks may try different numbers of batches; the memory of DDP's gradient buckets, one
+    more copy of the gradients, is not included); a rank whose batch does not fit stops every rank with its
+    message."""
+    error = None
+    try:
+        scan_pessimistic_batches(model, train_dl, tokenizer, policy, encoder_schedule_scale=encoder_schedule_scale)
+    except Exception as e:  # noqa: BLE001 - re-raised by raise_if_any_failed
+        error = e
+    raise_if_any_failed(error, "the out-of-memory scan of the riskiest batches")

@@ -1,8 +1,16 @@
 #!/usr/bin/env python3
-"""Decode the espeak test (and dev) speakers with greedy or modified beam search; write recogs, errs, WER.
+"""Decode the espeak test (and dev) speakers with the transducer or CTC searches; write recogs, errs, WER.
 
     python recipes/espeak/decode.py --exp-dir recipes/espeak/exp/default --epoch 8 --avg 3 \
         --decoding-method modified_beam_search --beam-size 4 --precision bf16
+
+A model trained with --use-ctc decodes its CTC head with --decoding-method ctc_greedy_search or
+ctc_prefix_beam_search (--beam-size); a hybrid (transducer + CTC) takes every method, a CTC-only model
+(--use-transducer false) only these two, streaming (--streaming) included.
+
+A TDT model (trained with --loss tdt) decodes with the same method names: greedy_search (label looping by default,
+--greedy-method frame_looping for the batched TDT greedy search) and modified_beam_search jump over frames by the
+predicted durations (asrprec.decoding.tdt).
 
 A causal Zipformer (trained with --causal) needs --chunk-size and --left-context-frames (simulated streaming);
 add --streaming to decode chunk by chunk with the encoder's caches, as a live stream:

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Decode the espeak test (and dev) speakers with an exported model (recipes/espeak/export.py), by onnxruntime or by
-sherpa-onnx itself, with greedy search; write recogs, errs and WER files as decode.py does.
+sherpa-onnx itself, with greedy search; write recogs, errs and WER files as decode.py does. A CTC export (model.onnx;
+--ctc for the CTC head of a hybrid's folder) runs CTC greedy search (sherpa-onnx's zipformer CTC recognisers).
 
     python recipes/espeak/onnx_decode.py --onnx-dir recipes/espeak/exp/fp32/onnx-epoch-10-avg-3 [--variant int8] \
         [--runtime sherpa-onnx] [--reference recipes/espeak/exp/fp32/recogs-test-greedy_search-....txt]
@@ -23,7 +24,8 @@ import torch
 
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.data.features import pad_with_silence
-from asrprec.export import load_onnx_model
+from asrprec.data.frames import FRAME_SHIFT_S
+from asrprec.export import OnnxCtcOfflineModel, OnnxCtcStreamingModel, load_onnx_model
 from asrprec.export.sherpa import recognize
 from asrprec.metrics import RtfxMeter, read_recogs, write_error_stats, write_recogs
 from asrprec.tokenizer import Tokenizer
@@ -37,6 +39,8 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--onnx-dir", type=Path, required=True, help="the folder export.py wrote")
     p.add_argument("--variant", choices=("int8", "fp16"), default=None, help="decode encoder.<variant>.onnx ...")
     p.add_argument("--runtime", choices=("onnxruntime", "sherpa-onnx"), default="onnxruntime")
+    p.add_argument("--ctc", action="store_true",
+                   help="decode the CTC head's model.onnx of a hybrid export (a CTC-only export is found without it)")
     p.add_argument("--data-dir", type=Path, default=HERE / "data")
     p.add_argument("--res-dir", type=Path, default=None, help="where results go (default: --onnx-dir)")
     p.add_argument("--splits", nargs="+", default=["test", "dev"])
@@ -51,6 +55,10 @@ def get_parser() -> argparse.ArgumentParser:
     return p
 
 
+def is_ctc(model) -> bool:
+    return isinstance(model, (OnnxCtcOfflineModel, OnnxCtcStreamingModel))
+
+
 def decode_split(args, model, tokenizer, cuts, data, streaming):
     """``(cut_id, ref_words, hyp_words)`` per cut and the RTFx meter."""
     meter = RtfxMeter()
@@ -61,7 +69,8 @@ def decode_split(args, model, tokenizer, cuts, data, streaming):
         seconds = sum(c.duration for c in cuts)
         with meter.measure(audio_seconds=seconds):
             hyps = recognize(args.onnx_dir, waves, streaming=streaming, variant=args.variant,
-                             num_threads=args.num_threads, batch=args.batch, tail_padding_s=args.tail_padding)
+                             num_threads=args.num_threads, batch=args.batch, tail_padding_s=args.tail_padding,
+                             ctc=is_ctc(model))
         for cut, hyp in zip(cuts, hyps):
             results.append((cut.id, cut.supervisions[0].text.split(), tokenizer.decode(hyp).split()))
         return results, meter
@@ -74,7 +83,7 @@ def decode_split(args, model, tokenizer, cuts, data, streaming):
             part = slice(i, i + args.batch)
             lens = batch["feature_lens"][part]
             feats = batch["features"][part, : int(lens.max())]
-            with meter.measure(audio_seconds=float(lens.sum()) * 0.01):
+            with meter.measure(audio_seconds=float(lens.sum()) * FRAME_SHIFT_S):
                 hyps = model.decode(feats, lens)
             for cut_id, ref, hyp in zip(batch["cut_ids"][part], batch["texts"][part], hyps):
                 results.append((cut_id, ref.split(), tokenizer.decode(hyp).split()))
@@ -85,7 +94,7 @@ def main() -> None:
     args = get_parser().parse_args()
     setup_logging()
     torch.set_num_threads(args.num_threads)
-    model = load_onnx_model(args.onnx_dir, args.variant, num_threads=args.num_threads)
+    model = load_onnx_model(args.onnx_dir, args.variant, num_threads=args.num_threads, ctc=args.ctc)
     tokenizer = Tokenizer(args.data_dir / "bpe.model")
     if tokenizer.vocab_size != model.vocab_size:
         raise ValueError(f"{args.data_dir / 'bpe.model'} has {tokenizer.vocab_size} tokens but the model emits "
@@ -93,8 +102,8 @@ def main() -> None:
     cuts = load_fbank_cuts(args.data_dir, splits=tuple(args.splits))
     data = AsrDataModule(DataConfig(max_duration=args.max_duration))
     res_dir = args.res_dir or args.onnx_dir
-    tag = f"{args.runtime}-greedy_search" + (f"-{args.variant}" if args.variant else "") + \
-        ("-streaming" if model.streaming else "")
+    tag = f"{args.runtime}-{'ctc_' if is_ctc(model) else ''}greedy_search" + \
+        (f"-{args.variant}" if args.variant else "") + ("-streaming" if model.streaming else "")
     references = {}
     for path in args.reference:
         split = next((s for s in args.splits if f"-{s}-" in path.name), None)

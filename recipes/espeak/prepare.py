@@ -44,7 +44,9 @@ def get_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = get_parser().parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from asrprec.training.cli import setup_logging  # here: the corpus generator's spawn workers skip torch
+
+    setup_logging()
     start = time.perf_counter()
     cuts = generate_corpus(
         args.data_dir, num_train=args.num_train, num_dev=args.num_dev, num_test=args.num_test, seed=args.seed,

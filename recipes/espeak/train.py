@@ -3,6 +3,7 @@
 
     python recipes/espeak/train.py --precision amp-bf16 --exp-dir recipes/espeak/exp/amp-bf16
     python recipes/espeak/train.py --precision amp-bf16 --exp-dir recipes/espeak/exp/amp-bf16 --resume latest
+    python recipes/espeak/train.py --loss tdt --tdt-durations 0,1,2,3,4 --exp-dir recipes/espeak/exp/tdt
 
 Every precision policy, encoder, loss and joint mode is a flag; the loop lives in asrprec.training.
 """
@@ -12,13 +13,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
-from asrprec.precision import get_policy
+from asrprec.data import AsrDataModule, load_fbank_cuts
 from asrprec.tokenizer import Tokenizer
 from asrprec.training import get_rank, prepare_experiment, train
 from asrprec.training.cli import (
-    add_data_check_args, add_model_args, add_precision_args, add_training_args, announce, begin_training,
-    build_model_from_args, check_splits, resolve_device, run_main,
+    add_data_args, add_data_check_args, add_model_args, add_precision_args, add_training_args, announce,
+    begin_training, build_model_from_args, check_splits, data_config_from_args, data_spec_augment, policy_from_args,
+    run_main,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -27,11 +28,9 @@ HERE = Path(__file__).resolve().parent
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=HERE / "data")
-    # Small batches: on this corpus the number of updates matters more than batch size.
-    p.add_argument("--max-duration", type=float, default=30.0, help="seconds of audio per batch")
-    p.add_argument("--num-workers", type=int, default=0, help="dataloader workers")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--no-spec-augment", dest="spec_augment", action="store_false")
+    # Small batches: on this corpus the number of updates matters more than batch size.
+    add_data_args(p, max_duration=30.0)
     # No Conformer warm-up bypass: with 300 batches of it the valid loss sat on a start-up plateau for ~4 of the
     # recipe's 10 epochs (0.49/frame at epoch 5 against 0.25 without).
     p.add_argument("--model-warmup-batches", type=int, default=0,
@@ -47,6 +46,8 @@ def get_parser() -> argparse.ArgumentParser:
     # The Zipformer's own schedules (layer skipping, balancer and whitening probabilities) are written for tens of
     # thousands of batches: run them 30x faster here (epoch-3 valid loss 0.46 at 10x against 0.55 at 1x). The
     # Conformer has no such schedules.
+    # --loss tdt keeps that signal by default (--tdt-aux simple: the same smoothed simple loss and ramp); the TDT loss
+    # alone (--tdt-aux none) learned as fast here over three epochs (benchmarks/RESULTS.md).
     p.set_defaults(loss="pruned", loss_warmup_batches=4000)
     # Defaults tuned for the tiny corpus: a few hundred batches in total, so a short LR schedule, and the running
     # average of the weights (decode.py --use-averaged-model) sampled every 10 batches rather than icefall's 200
@@ -67,14 +68,14 @@ def main() -> None:
     prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
     cuts, checks = check_splits(load_fbank_cuts(args.data_dir, splits=("train", "dev")), args, tokenizer,
                                 model.min_input_frames)
-    data = AsrDataModule(DataConfig(max_duration=args.max_duration, num_workers=args.num_workers, seed=args.seed,
-                                    spec_augment=args.spec_augment))
-    policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
+    spec_augment = data_spec_augment(args, args.spec_augment)  # off under --use-cr-ctc: the model masks its views
+    data = AsrDataModule(data_config_from_args(args, spec_augment=spec_augment))
+    policy = policy_from_args(args)
     announce(args, model, policy)
     train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
           valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
           config_for_checkpoint={"data": {"data_dir": str(args.data_dir), "max_duration": args.max_duration,
-                                          "num_workers": args.num_workers, "spec_augment": args.spec_augment,
+                                          "num_workers": args.num_workers, "spec_augment": spec_augment,
                                           "checks": checks}})
 
 

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""Decode LibriSpeech test-clean and test-other with greedy or modified beam search; write recogs, errs, WER.
+"""Decode LibriSpeech test-clean and test-other with the transducer or CTC searches; write recogs, errs, WER.
 
     python recipes/librispeech/decode.py --exp-dir recipes/librispeech/exp/amp-bf16 --epoch 30 --avg 9 \
         --use-averaged-model --decoding-method modified_beam_search --beam-size 4 --precision bf16
+
+A model trained with --use-ctc decodes its CTC head with --decoding-method ctc_greedy_search or
+ctc_prefix_beam_search (--beam-size); a hybrid (transducer + CTC) takes every method, a CTC-only model
+(--use-transducer false) only these two, streaming (--streaming) included.
 
 A causal Zipformer (trained with --causal) needs --chunk-size and --left-context-frames (simulated streaming);
 add --streaming to decode chunk by chunk with the encoder's caches (icefall's chunk 32 = 640 ms, left 256):
@@ -31,7 +35,9 @@ def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=HERE / "data")
     p.add_argument("--exp-dir", type=Path, default=HERE / "exp" / "default")
-    p.add_argument("--bpe-model", type=Path, default=None, help="default: <data-dir>/lang_bpe_500/bpe.model")
+    p.add_argument("--vocab-size", type=int, default=500,
+                   help="the tokenizer prepare.py made with this --vocab-size: <data-dir>/lang_bpe_<N>/bpe.model")
+    p.add_argument("--bpe-model", type=Path, default=None, help="another tokenizer file (instead of --vocab-size)")
     p.add_argument("--max-duration", type=float, default=600.0)
     p.add_argument("--splits", nargs="+", choices=LIBRISPEECH_TEST_PARTS + LIBRISPEECH_DEV_PARTS,
                    default=list(LIBRISPEECH_TEST_PARTS))
@@ -47,7 +53,7 @@ def main() -> None:
     setup = load_for_decoding(args.exp_dir, args)
     print("weights:", setup.weights)
     data = PreparedData(args.data_dir)
-    tokenizer = Tokenizer(args.bpe_model or data.bpe_model(500))
+    tokenizer = Tokenizer(args.bpe_model or data.tokenizer_model(args.vocab_size))
     cuts = {split: load_cuts(data.cuts(split, features=not args.on_the_fly_feats), lazy=False,
                              hint="run python recipes/librispeech/prepare.py") for split in args.splits}
     cuts, padded = with_tail_padding(cuts, args)  # --tail-padding: the stream a sherpa-onnx client sends

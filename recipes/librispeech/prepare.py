@@ -6,14 +6,16 @@
     2  3x speed perturbation (0.9, 1.1) of the training parts; cuts with audio for on-the-fly features
     3  80-dim fbank of every part (lhotse Fbank, LilcomChunkyWriter), computed in chunks from lazy manifests
     4  MUSAN noise cuts (10 s windows) and their fbank
-    5  the tokenizer (sentencepiece, 500 pieces) on the training transcripts
+    5  the tokenizer (sentencepiece, --vocab-size pieces, 500 by default) on the training transcripts
 
     python recipes/librispeech/prepare.py --subset 960h --corpus-dir /data/corpora
     python recipes/librispeech/prepare.py --subset 100h --stage 1 --stop-stage 5 --num-jobs 16
 
 Every stage skips the outputs it finds (rerun after an interruption to continue). With --on-the-fly-feats in
 train.py, stages 3 and 4's LibriSpeech fbank are not needed (stage 4 still makes the MUSAN cuts). Outputs go
-to --data-dir (manifests/, fbank/, lang_bpe_500/); the layout is asrprec.data.corpora.PreparedData.
+to --data-dir (manifests/, fbank/, lang_bpe_<vocab-size>/); the layout is asrprec.data.corpora.PreparedData.
+Errors a user can fix (a corpus that is missing or cannot be downloaded, a malformed transcript line, MUSAN
+recordings too short for the noise windows, a vocabulary too large) end the program with one line naming the fix.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from pathlib import Path
 
 from asrprec.data import compute_fbank, compute_fbank_lazy, load_cuts, shuffle_manifests, speed_perturbed, write_cuts
 from asrprec.data.corpora import (
-    LIBRISPEECH_TRAIN_PARTS, PreparedData, download_librispeech, download_musan, librispeech_cuts, librispeech_parts,
+    LIBRISPEECH_TRAIN_PARTS, CorpusError, PreparedData, download_librispeech, download_musan, librispeech_cuts, librispeech_parts,
     librispeech_transcripts, musan_noise_cuts, prepare_librispeech_manifests, prepare_musan_manifests,
 )
 from asrprec.tokenizer import Tokenizer
+from asrprec.training.cli import run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 NUM_STAGES = 6
@@ -55,7 +58,17 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=500)
     p.add_argument("--bpe-model-type", choices=("unigram", "bpe"), default="unigram")
     p.add_argument("--no-musan", dest="musan", action="store_false", help="skip MUSAN (train.py then needs --no-musan)")
+    # icefall's noise cuts (local/compute_fbank_musan.py): 10 s windows, those of 5 s or less dropped
+    p.add_argument("--musan-window-s", type=float, default=10.0, help="MUSAN recordings are cut into windows this long")
+    p.add_argument("--musan-min-s", type=float, default=5.0,
+                   help="MUSAN windows of this length or less (and recordings as short) are not used")
     p.add_argument("--seed", type=int, default=0, help="order of the shuffled training manifest")
+    p.add_argument("--max-bad-lines", type=int, default=100,
+                   help="stage 1: transcript lines that are not '<utterance-id> <text>' are named and their "
+                        "utterances left out, up to this many in all; more stop the stage")
+    p.add_argument("--max-bad-audio", type=int, default=100,
+                   help="stages 3 and 4: audio files that cannot be read are named and their cuts left out, up to "
+                        "this many per part; more stop the stage")
     return p
 
 
@@ -67,7 +80,7 @@ def stage_download(args, data: PreparedData) -> None:
 
 def stage_manifests(args, data: PreparedData) -> None:
     prepare_librispeech_manifests(args.corpus_dir, librispeech_parts(args.subset), data.manifest_dir,
-                                  num_jobs=args.num_jobs)
+                                  num_jobs=args.num_jobs, max_bad_lines=args.max_bad_lines)
     if args.musan:
         prepare_musan_manifests(args.corpus_dir, data.manifest_dir)
 
@@ -99,20 +112,27 @@ def stage_fbank(args, data: PreparedData) -> None:
     for part in librispeech_parts(args.subset):
         cuts = load_cuts(data.cuts(part, features=False), hint="run stage 2 first")
         compute_fbank_lazy(cuts, data.feature_storage(part), data.cuts(part), chunk_size=args.chunk_size,
-                           num_jobs=args.num_jobs)
+                           num_jobs=args.num_jobs, max_unreadable=args.max_bad_audio)
     _shuffled_train_cuts(args, data, features=True)
 
 
 def stage_musan(args, data: PreparedData) -> None:
     if args.musan:
-        compute_fbank(musan_noise_cuts(data.manifest_dir), data.fbank_dir / "musan_feats", data.musan_cuts,
-                      num_jobs=args.num_jobs)
+        compute_fbank(musan_noise_cuts(data.manifest_dir, window_s=args.musan_window_s, min_s=args.musan_min_s),
+                      data.fbank_dir / "musan_feats", data.musan_cuts, num_jobs=args.num_jobs,
+                      max_unreadable=args.max_bad_audio)
 
 
 def stage_tokenizer(args, data: PreparedData) -> None:
     texts = librispeech_transcripts(data.manifest_dir, LIBRISPEECH_TRAIN_PARTS[args.subset])
     prefix = data.bpe_model(args.vocab_size).with_suffix("")
-    logging.info("tokenizer: %s", Tokenizer.train(texts, prefix, args.vocab_size, model_type=args.bpe_model_type))
+    try:
+        tokenizer = Tokenizer.train(texts, prefix, args.vocab_size, model_type=args.bpe_model_type)
+    except ValueError as e:
+        why = str(e).split("; fix:")[0]  # the tokenizer's own fix names its Python argument
+        raise CorpusError(f"stage 5: {why}. Fix: a smaller --vocab-size for prepare.py, and the same --vocab-size "
+                          "for train.py and decode.py") from None
+    logging.info("tokenizer: %s", tokenizer)
 
 
 STAGES = (stage_download, stage_manifests, stage_speed_perturb, stage_fbank, stage_musan, stage_tokenizer)
@@ -120,7 +140,7 @@ STAGES = (stage_download, stage_manifests, stage_speed_perturb, stage_fbank, sta
 
 def main() -> None:
     args = get_parser().parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     data = PreparedData(args.data_dir)
     for i, stage in enumerate(STAGES):
         if args.stage <= i <= args.stop_stage:
@@ -131,4 +151,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, "prepare.py")

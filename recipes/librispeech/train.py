@@ -18,19 +18,18 @@ from pathlib import Path
 
 from asrprec.data import AsrDataModule, DataConfig, NoiseMixConfig, SpecAugmentConfig, load_cuts
 from asrprec.data.corpora import LIBRISPEECH_TRAIN_PARTS, PreparedData
-from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
 from asrprec.training import get_rank, prepare_experiment, train
 from asrprec.training.cli import (
-    add_data_check_args, add_model_args, add_precision_args, add_training_args, announce, begin_training,
-    build_model_from_args, check_splits, resolve_device, run_main,
+    add_data_args, add_data_check_args, add_model_args, add_precision_args, add_training_args, announce,
+    begin_training, build_model_from_args, check_splits, data_config_from_args, data_spec_augment, policy_from_args,
+    run_main,
 )
 
 HERE = Path(__file__).resolve().parent
 PREPARE_HINT = "run python recipes/librispeech/prepare.py with the same --subset and --data-dir"
-# Every schedule counts audio, not steps: the loop advances it by world size x max-duration / ref-duration per step
-# (icefall's get_adjusted_batch_count, k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py). icefall's LibriSpeech
-# runs (4 GPUs x max-duration 1000, ref-duration 600) move it by 6.67 per step; icefall applies that count to the
+# Every schedule counts audio, not steps (asrprec.training.loop.schedule_batches_per_step). icefall's LibriSpeech
+# runs (4 GPUs x max-duration 1000, ref-duration 600) move the count by 6.67 per step; icefall applies it to the
 # encoder's schedules and counts raw steps for Eden (lr-batches 7500, warm-up 500) and the loss warm-up (2000).
 # The defaults below are those step counts x 6.67, so on 4 GPUs every schedule matches icefall's, and on 1 or 8
 # GPUs each keeps the same pace per hour of audio.
@@ -41,15 +40,13 @@ def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=HERE / "data")
     p.add_argument("--subset", choices=tuple(LIBRISPEECH_TRAIN_PARTS), default="960h")
-    p.add_argument("--bpe-model", type=Path, default=None, help="default: <data-dir>/lang_bpe_500/bpe.model")
-    # icefall's LibriSpeech training commands pass --max-duration 1000 per GPU (RESULTS.md, zipformer medium)
-    p.add_argument("--max-duration", type=float, default=1000.0, help="seconds of audio per batch and GPU")
-    p.add_argument("--num-buckets", type=int, default=30)
-    p.add_argument("--num-workers", type=int, default=2, help="dataloader workers")
+    p.add_argument("--vocab-size", type=int, default=500,
+                   help="the tokenizer prepare.py made with this --vocab-size: <data-dir>/lang_bpe_<N>/bpe.model")
+    p.add_argument("--bpe-model", type=Path, default=None, help="another tokenizer file (instead of --vocab-size)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--on-the-fly-feats", action="store_true",
-                   help="compute fbank from the audio in the dataloader (stage 3 of prepare.py not needed)")
-    p.add_argument("--no-spec-augment", dest="spec_augment", action="store_false")
+    # icefall's LibriSpeech training commands pass --max-duration 1000 per GPU (RESULTS.md, zipformer medium);
+    # --on-the-fly-feats makes stage 3 of prepare.py unnecessary
+    add_data_args(p, max_duration=1000.0, num_buckets=30, num_workers=2)
     p.add_argument("--spec-aug-time-warp-factor", type=int, default=80, help="0 = no time warping")
     p.add_argument("--no-musan", dest="musan", action="store_false", help="no MUSAN noise mixing")
     add_precision_args(p)
@@ -67,10 +64,9 @@ def data_config(args: argparse.Namespace, data: PreparedData) -> DataConfig:
     """icefall's asr_datamodule.py settings: SpecAugment with 10 frame masks of <= 100 frames and 2 feature masks of
     <= 27 bins; CutMix(MUSAN, p=0.5, 10-20 dB); buckets estimated over num_buckets x 2000 cuts and shuffled
     over num_buckets x 5000; cuts of 1-20 s (train.py's remove_short_and_long_utt)."""
-    return DataConfig(
-        max_duration=args.max_duration, num_buckets=args.num_buckets, drop_last=True, num_workers=args.num_workers,
-        seed=args.seed, on_the_fly_feats=args.on_the_fly_feats, min_cut_s=1.0, max_cut_s=20.0,
-        spec_augment=args.spec_augment,
+    return data_config_from_args(
+        args, drop_last=True, min_cut_s=1.0, max_cut_s=20.0,
+        spec_augment=data_spec_augment(args, args.spec_augment),  # off under --use-cr-ctc: the model masks its views
         spec_augment_config=SpecAugmentConfig(time_warp_factor=args.spec_aug_time_warp_factor or None,
                                               num_frame_masks=10, frames_mask_size=100, num_feature_masks=2,
                                               features_mask_size=27),
@@ -88,7 +84,7 @@ def main() -> None:
     args = get_parser().parse_args()
     cfg = begin_training(args)  # torchrun's process group (if any), config, log, threads, seed
     data = PreparedData(args.data_dir)
-    tokenizer = Tokenizer(args.bpe_model or data.bpe_model(500))
+    tokenizer = Tokenizer(args.bpe_model or data.tokenizer_model(args.vocab_size))
     model, model_config = build_model_from_args(args, tokenizer)
     # refuse a folder holding another run, or a resume with another model, before reading the manifests
     prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
@@ -99,7 +95,7 @@ def main() -> None:
          .to_eager()},
         args, tokenizer, model.min_input_frames)
     loaders = AsrDataModule(data_config(args, data))
-    policy = get_policy(args.precision, resolve_device(args.device), bf16_update=args.bf16_update)
+    policy = policy_from_args(args)
     announce(args, model, policy)
     train(model=model, policy=policy, tokenizer=tokenizer, train_dl=loaders.train_dataloader(cuts["train"]),
           valid_dl=loaders.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,

@@ -11,7 +11,7 @@ import soundfile as sf
 from asrprec.data import (
     OnTheFlyFbank, compute_fbank_lazy, fbank_extractor, load_cuts, shuffle_manifests, speed_perturbed, write_cuts,
 )
-from asrprec.data.features import num_frames
+from asrprec.data.frames import num_frames
 from asrprec.data import corpora
 from asrprec.data.corpora import PreparedData
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from asrprec._optional import is_available
-from asrprec.data.features import OnTheFlyFbank, compute_fbank, load_fbank_cuts, num_frames
+from asrprec.data.features import OnTheFlyFbank, compute_fbank, load_fbank_cuts
+from asrprec.data.frames import num_frames
 
 from .conftest import needs_espeak
 

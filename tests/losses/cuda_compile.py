@@ -146,23 +146,38 @@ def launch_args(logits: str, grad: str) -> dict[str, tuple]:
         clamp=0.5, fastemit_lambda=0.1,
     )
     args["probe"] = (np.zeros(1, np.float32),)  # numba_cuda_probe's kernel
+    from asrprec.losses import tdt_numba_cuda
+
+    args.update(tdt_numba_cuda.tdt_kernel_args(
+        a(logits), a(grad), i64(), i64(), i64(), i64(), np.zeros(1, np.float32), work + [np.zeros(1, np.float32)],
+        kind=2 if logits == "bf16" else 0, okind=2 if grad == "bf16" else 0, blank=0, T=1, U1=1, V=1, D=1, sigma=0.05,
+    ))
     return args
+
+
+# kernels whose argument types depend on the logits dtype, and on the gradient dtype
+LOGITS_TYPED = ("denominators", "gradient", "tdt_denominators", "tdt_gradient")
+GRAD_TYPED = ("gradient", "tdt_gradient")
+
+
+def all_kernels() -> dict:
+    """The RNN-T and TDT kernels by launch name."""
+    from asrprec.losses import numba_cuda, tdt_numba_cuda
+
+    return {**numba_cuda._get_kernels(), **tdt_numba_cuda._get_kernels()}
 
 
 def compile_all(targets: list[str] | None = None) -> list[KernelReport]:
     """Every kernel x (logits, gradient) dtype pair x target; a kernel whose types do not depend on a dtype is
     compiled once (its row names the dtypes as ``-``)."""
-    from asrprec.losses import numba_cuda
-
-    kernels = numba_cuda._get_kernels()
+    kernels = all_kernels()
     rows = []
     for target in targets or list(TARGETS):
         seen = set()
         with compile_for(TARGETS[target]):
             for logits, grad in DTYPE_PAIRS:
                 for name, args in launch_args(logits, grad).items():
-                    dtypes = (logits if name in ("denominators", "gradient") else "-",
-                              grad if name == "gradient" else "-")
+                    dtypes = (logits if name in LOGITS_TYPED else "-", grad if name in GRAD_TYPED else "-")
                     if (name, dtypes) in seen:
                         continue
                     seen.add((name, dtypes))
@@ -177,7 +192,8 @@ def block_sizes() -> dict[str, int]:
     from asrprec.losses import numba_cuda
 
     v, dp = numba_cuda._threads["v"], numba_cuda._threads["dp"]
-    return {"denominators": v, "gradient": v, "alphas": dp, "betas": dp, "probe": 32}
+    return {"denominators": v, "gradient": v, "alphas": dp, "betas": dp, "probe": 32,
+            "tdt_denominators": v, "tdt_gradient": v, "tdt_alphas": dp, "tdt_betas": dp}
 
 
 def table(rows: list[KernelReport]) -> str:

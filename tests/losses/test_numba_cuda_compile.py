@@ -1,5 +1,5 @@
-"""The numba-cuda kernels as the real compiler builds them for Ampere (sm_80, sm_86), Ada (sm_89) and Hopper
-(sm_90), with no GPU: every kernel x logits dtype x gradient dtype compiles to PTX and links to a cubin; the PTX
+"""The numba-cuda kernels (RNN-T and TDT) as the real compiler builds them for Ampere (sm_80, sm_86), Ada (sm_89)
+and Hopper (sm_90), with no GPU: every kernel x logits dtype x gradient dtype compiles to PTX and links to a cubin; the PTX
 holds no fp64 instruction; ptxas reports no spills and a register/shared-memory use that lets every kernel launch
 at the block sizes the backend uses (and at 1024 threads, the most ``set_threads_per_block`` allows).
 
@@ -41,14 +41,14 @@ def reports():
 
 
 def test_every_kernel_dtype_and_target_compiles(reports):
-    from asrprec.losses import numba_cuda
-
-    kernels = set(numba_cuda._get_kernels()) - {"bf16_bits"}  # bf16_bits is a device function
+    kernels = set(cc.all_kernels()) - {"bf16_bits"}  # bf16_bits is a device function
+    assert {"tdt_denominators", "tdt_alphas", "tdt_betas", "tdt_gradient"} <= kernels
     for target in cc.TARGETS:
         got = {(r.kernel, r.logits, r.grad) for r in reports if r.target == target}
         assert {k for k, _, _ in got} == kernels
-        assert {(lg, gd) for k, lg, gd in got if k == "gradient"} == set(cc.DTYPE_PAIRS)
-        assert {lg for k, lg, _ in got if k == "denominators"} == {"fp32", "fp16", "bf16"}
+        for gradient, denominators in (("gradient", "denominators"), ("tdt_gradient", "tdt_denominators")):
+            assert {(lg, gd) for k, lg, gd in got if k == gradient} == set(cc.DTYPE_PAIRS)
+            assert {lg for k, lg, _ in got if k == denominators} == {"fp32", "fp16", "bf16"}
     assert all(r.cubin_bytes > 0 for r in reports)
 
 

@@ -4,7 +4,7 @@ SimpleDownsample function, the channels-last ConvNeXt and the front-end's permut
 import torch
 import torch.nn.functional as F
 
-from asrprec.models.zipformer.frontend import Conv2dSubsampling, ConvNeXt
+from asrprec.models.zipformer.frontend import ConvNeXt, ZipformerConv2dSubsampling
 from asrprec.models.zipformer.layers import SimpleDownsample, _SimpleDownsampleFunction
 from asrprec.models.zipformer.linear import Linear
 
@@ -93,7 +93,7 @@ def test_convnext_channels_last_matches_nchw_reference():
 
 def test_frontend_flatten_matches_channel_major_flatten():
     torch.manual_seed(3)
-    m = Conv2dSubsampling(40, 16).double().eval()
+    m = ZipformerConv2dSubsampling(40, 16).double().eval()
     x = torch.randn(2, 30, 40, dtype=torch.float64)
     lens = torch.tensor([30, 30])
     y, _ = m(x, lens)

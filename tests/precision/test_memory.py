@@ -133,3 +133,23 @@ def test_fake_zipformer_step_matches_real_step():
         (rp, rc), (fp, fc) = step(False, policy), step(True, policy)
         assert rc == fc  # parameters + gradients + input
         assert abs(fp - rp) <= 0.02 * rp, (policy, rp, fp)
+
+
+def test_shadow_values_answer_reads_of_lengths():
+    """Values computed only from known inputs (lengths, masks) are read for real; values from uninitialised or
+    random memory, or from anything that depends on them, fall back to ``scalar``."""
+    with FakeTensorMode(), LiveMemoryTracker(scalar=lambda t: -1, shadow_numel=1000) as tr:
+        lens = torch.tensor([5, 7, 3])
+        mask = torch.arange(8).expand(3, 8) >= lens.unsqueeze(-1)
+        assert (int(lens.max()), int(mask.sum())) == (7, 24 - 15)
+        assert bool(mask.any()) is True and bool(mask.all()) is False
+        assert int((lens * 2).min()) == 6
+        noise = torch.randint(0, 9, (3,))
+        assert int(noise.max()) == -1 and float((noise + lens).float().sum()) == -1.0
+        acc = torch.zeros(3, dtype=torch.int64)
+        acc.add_(lens)
+        assert int(acc.sum()) == 15
+        acc.copy_(noise)  # now unknown: its shadow is dropped
+        assert int(acc.sum()) == -1
+        big = torch.zeros(2000)  # above shadow_numel
+        assert float(big.sum()) == -1.0 and tr.shadow(big) is None

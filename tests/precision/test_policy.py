@@ -179,7 +179,7 @@ def test_noop_scaler_skips_nonfinite_and_aborts_after_many():
 
 
 def test_bf16_master_weights_keep_small_updates():
-    """bf16's spacing at 1.0 is 2^-7: an SGD step of 1e-4 rounds away unless an fp32 master keeps it."""
+    """bf16's spacing below 1.0 is 2^-8: an AdamW step of lr = 1e-4 rounds away unless an fp32 master keeps it."""
     steps, lr = 100, 1e-4
 
     results = {}
@@ -188,7 +188,7 @@ def test_bf16_master_weights_keep_small_updates():
         m = pol.prepare_model(nn.Linear(1, 1, bias=False))
         with torch.no_grad():
             m.weight.fill_(1.0)
-        opt = pol.build_optimizer(m.parameters(), lambda ps: torch.optim.SGD(ps, lr=lr))
+        opt = pol.build_optimizer(m.parameters(), lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=0.0))
         for _ in range(steps):
             m.weight.grad = torch.ones_like(m.weight)
             opt.step()
@@ -197,8 +197,7 @@ def test_bf16_master_weights_keep_small_updates():
         if update == "master":
             assert isinstance(opt, MasterWeightOptimizer)
             assert opt.inner.param_groups[0]["params"][0].dtype == torch.float32
-            assert all(s["momentum_buffer"] is None or s["momentum_buffer"].dtype == torch.float32
-                       for s in opt.state.values())
+            assert all(s["exp_avg"].dtype == torch.float32 for s in opt.state.values())
     assert results["none"] == 1.0  # every update lost
     expect = 1.0 - steps * lr  # 0.99, whose nearest bf16 is 0.98828125 or 0.9921875
     assert abs(results["master"] - expect) <= 2**-8
@@ -245,3 +244,17 @@ def test_policy_is_immutable_through_and_through():
         assert q == p and dict(q.scaler_kwargs) == {"init_scale": 2.0**10}
         with pytest.raises(TypeError):
             q.scaler_kwargs["init_scale"] = 1.0
+
+
+def test_recipe_precision_flags_reach_the_policy():
+    import argparse
+
+    from asrprec.training.cli import add_precision_args, policy_from_args
+
+    p = argparse.ArgumentParser()
+    add_precision_args(p)
+    args = p.parse_args(["--precision", "bf16", "--bf16-update", "kahan", "--bf16-moments", "--device", "cpu"])
+    desc = policy_from_args(args).describe()
+    assert desc["optimizer_state"] == "bfloat16" and "kahan" in desc["optimizer_update"].lower()
+    with pytest.raises(ValueError, match="bf16 policy only"):
+        policy_from_args(p.parse_args(["--precision", "amp-bf16", "--bf16-moments", "--device", "cpu"]))

@@ -26,6 +26,7 @@ torch.set_num_threads(1)
 import harness  # noqa: E402
 
 import asrprec.checkpoint as ckpt  # noqa: E402
+from asrprec.atomic import TEMPORARY_GLOB  # noqa: E402
 
 CHUNKS = 6
 # (checkpoint kind, which of that kind in the child's own writes, where in the write)
@@ -71,7 +72,7 @@ def _instrument(events_w: int, acks_r: int) -> None:
             step(f"{last[0]} {last[1]} renamed")
 
     torch.save = save
-    ckpt.os.replace = replace
+    os.replace = replace
 
 
 def _child(data: Path, exp: Path, kw: dict, events_w: int | None = None, acks_r: int | None = None) -> None:
@@ -126,7 +127,7 @@ def _state_of(exp: Path) -> dict:
         except Exception as e:  # any failure is a finding
             bad.append(f"{p.name}: {e}")
     return {"checkpoints": [p.name for p in ckpt.training_checkpoints(exp)], "unloadable": bad,
-            "temporaries": sorted(p.name for p in exp.glob(".*.tmp"))}
+            "temporaries": sorted(p.name for p in exp.glob(TEMPORARY_GLOB))}
 
 
 def _warm_up(data: Path) -> None:

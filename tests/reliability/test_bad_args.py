@@ -166,7 +166,7 @@ def test_a_resume_under_another_precision_policy_warns(tmp_path, caplog):
                                                          else ""))
 
     resume("fp32", 1)
-    caplog.set_level("WARNING", logger="asrprec.train")
+    caplog.set_level("WARNING", logger="asrprec.training")
     with pytest.warns(CheckpointPolicyWarning, match="saved under precision policy 'fp32'"):
         resume("amp-bf16", 2)
     assert "was saved under precision fp32 and training continues under amp-bf16" in caplog.text
@@ -181,12 +181,12 @@ def test_a_resume_under_another_precision_policy_warns(tmp_path, caplog):
 def test_broken_checkpoints_are_named_with_the_fix(trained, data_root, tmp_path):
     exp = copy_of(trained, tmp_path)
     (exp / "epoch-2.pt").write_bytes(b"")
-    (exp / ".epoch-3.pt.abc123.tmp").write_bytes(b"partial")
+    (exp / ".tmp-abc123-epoch-3.pt").write_bytes(b"partial")
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--start-epoch", 3)
     msg = str(out.code)
     assert f"checkpoint {exp / 'epoch-2.pt'} is empty (0 bytes)" in msg and "delete it" in msg
     assert "--resume latest" in msg and "weights_only" not in msg
-    assert not (exp / ".epoch-3.pt.abc123.tmp").exists()  # a killed write's leftover is removed on start
+    assert not (exp / ".tmp-abc123-epoch-3.pt").exists()  # a killed write's leftover is removed on start
     data = (exp / "checkpoint-4.pt").read_bytes()
     (exp / "checkpoint-4.pt").write_bytes(data[: len(data) // 2])
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--start-batch", 4)

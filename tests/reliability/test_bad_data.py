@@ -113,7 +113,7 @@ def test_a_corrupt_feature_file_at_run_time_is_named_and_counted(corpus_copy, tm
     with open(_feature_file(victim), "r+b") as f:
         f.seek(0)
         f.write(b"garbage!" * 8)
-    caplog.set_level("WARNING", logger="asrprec.train")
+    caplog.set_level("WARNING", logger="asrprec.training")
     state = run(corpus_copy, tmp_path / "exp", num_epochs=1, save_every_n=0)
     assert f"cut {victim.id} left out of its batch: unreadable features" in caplog.text
     assert state.history[0]["dropped_cuts"] == 1 and state.history[0]["skipped_batches"] == {}
@@ -162,7 +162,7 @@ def test_unloadable_batches_are_skipped_counted_and_logged(tmp_path, caplog, pro
     data[2] = {**data[2], "features": torch.zeros(0, 0, 80), "feature_lens": torch.zeros(0, dtype=torch.int64),
                "texts": [], "cut_ids": [], "dropped_cuts": [{"cut_id": "c2a", "reason": "unreadable features (x)"},
                                                             {"cut_id": "c2b", "reason": "unreadable features (y)"}]}
-    caplog.set_level("WARNING", logger="asrprec.train")
+    caplog.set_level("WARNING", logger="asrprec.training")
     state = train(model=make_model(), policy=get_policy("fp32", "cpu"), tokenizer=Tok(),
                   train_dl=_iterate(Failing(data, bad={4})), valid_dl=batches(1, 1),
                   cfg=config(tmp_path, num_epochs=1, max_skipped_fraction=0.5, progress_bar=progress_bar))
@@ -222,7 +222,7 @@ def test_the_epoch_checkpoint_is_written_before_validation(tmp_path):
 def test_a_non_finite_validation_loss_warns(tmp_path, caplog):
     dev = batches(1, 1)
     dev[0]["features"][0, 0, 0] = float("nan")
-    caplog.set_level("WARNING", logger="asrprec.train")
+    caplog.set_level("WARNING", logger="asrprec.training")
     state = train(model=make_model(), policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=batches(2),
                   valid_dl=dev, cfg=config(tmp_path, num_epochs=1))
     assert math.isnan(state.history[0]["valid_loss"])

@@ -53,7 +53,7 @@ def trained_batches(caplog):
 ])
 def test_resume_equals_uninterrupted(reference, data_root, tmp_path, caplog, name, how):
     exp = crashed_at(reference, tmp_path, name)
-    caplog.set_level("INFO", logger="asrprec.train")
+    caplog.set_level("INFO", logger="asrprec.training")
     state = run(data_root, exp, **CAP, **how, save_every_n=0)
     assert trained_batches(caplog) == list(range(_batch(name) + 1, 7))  # the remaining batches, each once
     assert state.batch_idx_train == 6 and [h["epoch"] for h in state.history] == [1, 2]
@@ -65,7 +65,7 @@ def test_resume_with_dataloader_workers(reference, data_root, tmp_path, caplog):
     """Two workers prefetch ahead of training; the resumed run still trains exactly the remaining batches, and the
     per-batch seeded augmentation makes the result independent of the number of workers."""
     exp = crashed_at(reference, tmp_path, "checkpoint-4.pt")
-    caplog.set_level("INFO", logger="asrprec.train")
+    caplog.set_level("INFO", logger="asrprec.training")
     run(data_root, exp, **CAP, num_workers=2, resume="latest", save_every_n=0)
     assert trained_batches(caplog) == [5, 6]
     assert_same(weights(reference / "epoch-2.pt"), weights(exp / "epoch-2.pt"))

@@ -353,7 +353,10 @@ def _plain_ddp_steps(model: nn.Module, batches: list[dict]) -> str | None:
     """Two steps through torch's DDP without find_unused_parameters; the error text, or None."""
     from asrprec.training import compute_loss
 
+    from asrprec.training.distributed import _match_bucket_layout
+
     device = torch.device(DEVICE)
+    _match_bucket_layout(model)  # as wrap_model does: the controls are about unused parameters only
     ddp = nn.parallel.DistributedDataParallel(model.to(device),
                                               device_ids=[device.index] if device.type == "cuda" else None)
     try:
@@ -394,7 +397,7 @@ def _capture() -> list[str]:
         def emit(self, record):
             messages.append(record.getMessage())
 
-    logging.getLogger("asrprec.train").addHandler(H(level=logging.WARNING))
+    logging.getLogger("asrprec.training").addHandler(H(level=logging.WARNING))
     return messages
 
 

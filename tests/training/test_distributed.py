@@ -320,6 +320,23 @@ def test_failure_in_backward_ends_the_job_with_the_message(job, ranks):
 # -- set-up ---------------------------------------------------------------------------------------------------
 
 
+def test_ddp_gradients_fit_the_buckets_and_unused_parameters_are_searched_only_where_possible(job):
+    """No stride warning (the Zipformer's depthwise convolutions return gradients strided otherwise in a size-1
+    dimension); find_unused_parameters only for the models that need it, so DDP never reports a search that found
+    nothing for the other scenarios' models."""
+    from asrprec.models import LossConfig
+    from asrprec.training.distributed import may_leave_parameters_unused
+
+    _, p, _ = job
+    assert "Grad strides do not match bucket view strides" not in p.stderr
+    assert "did not find any unused parameters" not in p.stderr
+    assert not may_leave_parameters_unused(W.make_model())  # pruned loss: every parameter in every step
+    full = W.make_model()
+    full.loss_config = LossConfig(loss="full")
+    assert may_leave_parameters_unused(full)  # the simple projections serve only the pruned loss
+    assert may_leave_parameters_unused(W._zipformer(None)[0])  # the positional projection is skipped at random
+
+
 def test_plain_python_stays_single_process(monkeypatch):
     for v in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(v, raising=False)

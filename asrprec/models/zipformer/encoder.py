@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from ..masks import make_pad_mask
 from ..schedule import ScheduledFloat
-from .frontend import Conv2dSubsampling
+from .frontend import ZipformerConv2dSubsampling
 from .layers import DownsampledZipformer2Encoder, SimpleDownsample, Zipformer2Encoder, Zipformer2EncoderLayer
 
 
@@ -206,7 +206,7 @@ class ZipformerEncoder(nn.Module):
     #: the fewest feature frames an utterance may have: (9-7)//2 = 1 frame after the front-end
     min_input_frames = 9
 
-    def __init__(self, encoder_embed: Conv2dSubsampling, encoder: Zipformer2, num_features: int):
+    def __init__(self, encoder_embed: ZipformerConv2dSubsampling, encoder: Zipformer2, num_features: int):
         super().__init__()
         self.encoder_embed = encoder_embed
         self.encoder = encoder

@@ -93,8 +93,8 @@ class ConvNeXt(nn.Module):
         return x
 
 
-class Conv2dSubsampling(nn.Module):
-    """(B, T, F) features at 100 Hz -> (B, (T-7)//2, D) at 50 Hz.
+class ZipformerConv2dSubsampling(nn.Module):
+    """(B, T, F) features at 100 Hz -> (B, (T-7)//2, D) at 50 Hz (icefall's Zipformer ``Conv2dSubsampling``).
 
     Conv2d 1->8 (3x3) -> ScaleGrad(0.2) -> Balancer -> SwooshR -> Conv2d 8->32 (3x3, stride 2) -> Balancer ->
     SwooshR -> Conv2d 32->128 (3x3, stride (1,2)) -> Balancer -> SwooshR -> ConvNeXt -> Linear(128*F', D) ->
@@ -105,7 +105,7 @@ class Conv2dSubsampling(nn.Module):
                  layer3_channels: int = 128, dropout: FloatLike = 0.1, convnext_hidden_ratio: int = 3):
         super().__init__()
         if in_channels < 7:
-            raise ValueError(f"Conv2dSubsampling needs at least 7 feature bins, got {in_channels}")
+            raise ValueError(f"ZipformerConv2dSubsampling needs at least 7 feature bins, got {in_channels}")
         self.in_channels = in_channels
         self.conv = nn.Sequential(
             nn.Conv2d(1, layer1_channels, kernel_size=3, padding=(0, 1)),

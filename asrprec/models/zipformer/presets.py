@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 from asrprec.config import check_config_keys
 
 from .encoder import Zipformer2, ZipformerEncoder, zipformer_dropout
-from .frontend import Conv2dSubsampling
+from .frontend import ZipformerConv2dSubsampling
 
 _PER_STACK = ("num_encoder_layers", "feedforward_dim", "encoder_dim", "encoder_unmasked_dim", "num_heads",
               "query_head_dim", "value_head_dim", "pos_head_dim", "cnn_module_kernel")
@@ -147,9 +147,9 @@ def build_zipformer_encoder(*, size: str = "medium", causal: bool = False, **ove
 
 def build_from_config(cfg: ZipformerConfig) -> ZipformerEncoder:
     c1, c2, c3 = cfg.frontend_channels
-    embed = Conv2dSubsampling(cfg.num_features, cfg.encoder_dim[0], layer1_channels=c1, layer2_channels=c2,
-                              layer3_channels=c3, dropout=zipformer_dropout(cfg.dropout),
-                              convnext_hidden_ratio=cfg.convnext_hidden_ratio)
+    embed = ZipformerConv2dSubsampling(cfg.num_features, cfg.encoder_dim[0], layer1_channels=c1,
+                                       layer2_channels=c2, layer3_channels=c3, dropout=zipformer_dropout(cfg.dropout),
+                                       convnext_hidden_ratio=cfg.convnext_hidden_ratio)
     enc = Zipformer2(
         downsampling_factor=cfg.downsampling_factor, encoder_dim=cfg.encoder_dim,
         num_encoder_layers=cfg.num_encoder_layers, encoder_unmasked_dim=cfg.encoder_unmasked_dim,

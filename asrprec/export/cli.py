@@ -1,0 +1,107 @@
+"""A recipe's export command as one config: which weights of an experiment, offline or streaming, which variants.
+Each field is a flag (:func:`asrprec.config.add_dataclass_args`); a recipe's ``export.py`` only names its
+tokenizer and default folder."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from asrprec.config import option
+
+__all__ = ["ExportConfig", "export_experiment"]
+
+
+@dataclass
+class ExportConfig:
+    """What :func:`export_experiment` writes."""
+
+    exp_dir: str = option(help="the experiment folder training wrote")
+    epoch: int = option(help="export epoch-N.pt (averaged with --avg)")
+    avg: int = option(1, help="average the last AVG epoch checkpoints ending at --epoch")
+    use_averaged_model: bool = option(False, help="the running average of the weights over those epochs (as "
+                                                  "decode.py)")
+    out_dir: str | None = option(None, help="where the files go (default: a folder in --exp-dir named after the "
+                                            "weights)")
+    streaming: bool = option(False, help="causal Zipformer: export a streaming encoder (sherpa-onnx "
+                                         "OnlineRecognizer)")
+    chunk_size: int | None = option(None, help="50 Hz frames per chunk; one the causal model was trained with "
+                                               "(needed for --streaming; without --streaming it exports simulated "
+                                               "streaming, -1 = full context)")
+    left_context_frames: int | None = option(None, help="left context in 50 Hz frames; one the causal model was "
+                                                        "trained with")
+    int8: bool = option(False, help="also write the int8 (dynamically quantised) variant")
+    fp16: bool = option(False, help="also write the fp16 variant (float32 inputs and outputs)")
+    ctc: bool = option(False, help="a hybrid (transducer + CTC) model: also export its CTC head as model.onnx "
+                                   "(sherpa-onnx's zipformer CTC recognisers); a CTC-only model always exports it")
+
+    def __post_init__(self) -> None:
+        if self.streaming and (self.chunk_size is None or self.left_context_frames is None):
+            raise ValueError("--streaming needs --chunk-size and --left-context-frames (values the model was "
+                             "trained with, e.g. --chunk-size 32 --left-context-frames 128)")
+
+    def tag(self) -> str:
+        tag = f"epoch-{self.epoch}-avg-{self.avg}" + ("-use-averaged-model" if self.use_averaged_model else "")
+        if self.streaming:
+            tag += f"-streaming-chunk-{self.chunk_size}-left-{self.left_context_frames}"
+        return tag
+
+
+def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
+    """Export the weights ``cfg`` names to the ONNX files sherpa-onnx runs (encoder, decoder, joiner, tokens.txt;
+    :mod:`asrprec.export.exporter`; a CTC head, with ``cfg.ctc`` or for a CTC-only model, as model.onnx;
+    :mod:`asrprec.export.ctc`), plus ``export.json`` saying what was exported; return the folder.
+    ``tokenizer`` may be a function returning it, called once the experiment's model has loaded (so that a wrong
+    ``--exp-dir`` is reported before a missing tokenizer)."""
+    from . import convert_fp16, export_offline, export_streaming, load_experiment_model, quantize_int8
+
+    model, _, source = load_experiment_model(Path(cfg.exp_dir), cfg.epoch, cfg.avg, cfg.use_averaged_model)
+    if callable(tokenizer):
+        tokenizer = tokenizer()
+    print("weights:", source)
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.exp_dir) / f"onnx-{cfg.tag()}"
+    if cfg.ctc or not model.use_transducer:
+        _export_ctc(cfg, model, tokenizer, out_dir)
+    if not model.use_transducer:
+        (out_dir / "export.json").write_text(json.dumps({**asdict(cfg), "weights": source}, indent=1))
+        print(f"in {out_dir} with tokens.txt")
+        return out_dir
+    if cfg.streaming:
+        exported = export_streaming(model, tokenizer, out_dir, chunk_size=cfg.chunk_size,
+                                    left_context_frames=cfg.left_context_frames)
+    else:
+        chunking = {"chunk_size": cfg.chunk_size, "left_context_frames": cfg.left_context_frames}
+        exported = export_offline(model, tokenizer, out_dir, **{k: -1 if v is None else v for k, v in chunking.items()})
+    written = [exported]
+    if cfg.int8:
+        written.append(quantize_int8(exported))
+    if cfg.fp16:
+        written.append(convert_fp16(exported))
+    (out_dir / "export.json").write_text(json.dumps({**asdict(cfg), "weights": source}, indent=1))
+    for e in written:
+        print(f"wrote {e.encoder.name}, {e.decoder.name}, {e.joiner.name}")
+    print(f"in {out_dir} with tokens.txt")
+    return out_dir
+
+
+def _export_ctc(cfg: ExportConfig, model: Any, tokenizer: Any, out_dir: Path) -> None:
+    """The CTC head as ``model.onnx`` (and its variants) in ``out_dir`` (:mod:`asrprec.export.ctc`)."""
+    from .ctc import convert_ctc_fp16, export_ctc_offline, export_ctc_streaming, quantize_ctc_int8
+
+    if cfg.streaming:
+        exported = export_ctc_streaming(model, tokenizer, out_dir, chunk_size=cfg.chunk_size,
+                                        left_context_frames=cfg.left_context_frames)
+    else:
+        exported = export_ctc_offline(model, tokenizer, out_dir,
+                                      chunk_size=-1 if cfg.chunk_size is None else cfg.chunk_size,
+                                      left_context_frames=-1 if cfg.left_context_frames is None
+                                      else cfg.left_context_frames)
+    written = [exported]
+    if cfg.int8:
+        written.append(quantize_ctc_int8(exported))
+    if cfg.fp16:
+        written.append(convert_ctc_fp16(exported))
+    for e in written:
+        print(f"wrote {e.model.name} (CTC head)")

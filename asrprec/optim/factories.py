@@ -1,0 +1,43 @@
+"""The optimizer and the learning-rate schedule a :class:`~asrprec.training.TrainConfig` names.
+
+The schedule is Eden (k2-fsa/icefall ``egs/librispeech/ASR/zipformer/optim.py``) for both optimizers:
+``lr = base_lr · ((b²+lr_batches²)/lr_batches²)^-¼ · ((e²+lr_epochs²)/lr_epochs²)^-¼ · warm-up``, with ``b``
+the adjusted batch count (:func:`asrprec.training.loop.schedule_batches_per_step`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .eden import Eden
+from .scaled_adam import ScaledAdam
+
+if TYPE_CHECKING:  # annotations only: precision may build its optimizers from this package
+    from asrprec.precision import PrecisionPolicy
+    from asrprec.training.config import TrainConfig
+
+__all__ = ["optimizer_from_config", "scheduler_from_config"]
+
+
+def optimizer_from_config(model: nn.Module, cfg: TrainConfig, policy: PrecisionPolicy):
+    """The optimizer ``cfg.optimizer`` names (ScaledAdam, icefall's, or AdamW), built through the policy's
+    :meth:`~asrprec.precision.PrecisionPolicy.build_optimizer` (fp32 master weights under bf16)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "scaled_adam":
+
+        def factory(ps):
+            return ScaledAdam(ps, lr=cfg.base_lr, clipping_scale=2.0)
+    else:
+
+        def factory(ps):
+            return torch.optim.AdamW(ps, lr=cfg.base_lr, weight_decay=cfg.weight_decay)
+
+    return policy.build_optimizer(params, factory)
+
+
+def scheduler_from_config(optimizer, cfg: TrainConfig) -> Eden:
+    """Eden over ``optimizer`` with ``cfg``'s ``lr_batches``, ``lr_epochs`` and ``warmup_batches``."""
+    return Eden(optimizer, lr_batches=cfg.lr_batches, lr_epochs=cfg.lr_epochs, warmup_batches=cfg.warmup_batches)

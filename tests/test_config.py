@@ -1,0 +1,118 @@
+"""Configs as the one source of the command-line flags: every field reaches the CLI with its default, type and
+help, and the parsed flags build the same dataclass back."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from asrprec.config import add_dataclass_args, dataclass_from_args, option
+from asrprec.data import DataConfig
+from asrprec.training import TrainConfig
+from asrprec.training.cli import DATA_FLAGS, add_data_args, add_training_args, data_config_from_args
+
+
+def _parser(**defaults) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_training_args(p, **defaults)
+    return p
+
+
+def _other_value(f: dataclasses.Field):
+    """A valid non-default command-line value for a TrainConfig field, and the value it should parse to."""
+    special = {"exp_dir": ("runs/x", "runs/x"), "resume": ("latest", "latest"), "optimizer": ("adamw", "adamw"),
+               "scan_oom": ("off", "off"), "num_epochs": ("12", 12), "start_epoch": ("2", 2),
+               "max_skipped_fraction": ("0.25", 0.25), "preempt_signals": ("SIGINT", ("SIGINT",))}
+    if f.name in special:
+        return special[f.name]
+    if isinstance(f.default, bool):
+        return None, not f.default
+    if isinstance(f.default, int):
+        return str(f.default + 3), f.default + 3
+    if isinstance(f.default, float):
+        return str(f.default + 0.5), f.default + 0.5
+    raise AssertionError(f"no test value for {f.name}")
+
+
+def test_every_train_config_field_is_a_flag_with_the_dataclass_default():
+    args = _parser().parse_args([])
+    got = dataclass_from_args(TrainConfig, args)
+    want = TrainConfig(exp_dir="exp")
+    assert got == want
+    help_text = _parser().format_help()
+    for f in dataclasses.fields(TrainConfig):
+        flag = f"--no-{f.name}" if f.default is True else f"--{f.name}"
+        assert flag.replace("_", "-") in help_text, f.name
+        assert f.metadata.get("help"), f"{f.name} has no help text"
+    assert "--weight-decay" in help_text
+
+
+def test_each_train_flag_reaches_its_field():
+    for f in dataclasses.fields(TrainConfig):
+        text, value = _other_value(f)
+        flag = (f"--no-{f.name}" if f.default is True else f"--{f.name}").replace("_", "-")
+        argv = [flag] if text is None else [flag, text]
+        cfg = dataclass_from_args(TrainConfig, _parser().parse_args(argv))
+        assert getattr(cfg, f.name) == value, (f.name, argv)
+        others = {g.name for g in dataclasses.fields(cfg) if getattr(cfg, g.name) != getattr(TrainConfig(exp_dir="exp"),
+                                                                                               g.name)}
+        assert others == {f.name}, (f.name, others)
+
+
+def test_recipe_defaults_replace_field_defaults_and_unknown_ones_are_named():
+    args = _parser(exp_dir="e", base_lr=0.01, tensorboard=False).parse_args([])
+    assert (args.exp_dir, args.base_lr, args.tensorboard) == ("e", 0.01, False)
+    with pytest.raises(TypeError):  # TrainConfig itself refuses the unknown name
+        _parser(base_rl=0.01)
+    p = argparse.ArgumentParser()
+    with pytest.raises(ValueError, match="did you mean 'base_lr'"):
+        add_dataclass_args(p, TrainConfig, defaults={"base_rl": 0.01})
+
+
+def test_choices_and_types_are_enforced():
+    with pytest.raises(argparse.ArgumentError, match="invalid choice"):
+        _parser().parse_args(["--optimizer", "sgd"])
+    with pytest.raises(argparse.ArgumentError, match="invalid int value"):
+        _parser().parse_args(["--num-epochs", "ten"])
+
+
+@dataclasses.dataclass
+class _Toy:
+    name: str = option(help="required: it has no default")
+    sizes: tuple[int, ...] = option((1, 2), help="comma-separated")
+    limit: float | None = option(None, help="optional")
+    fast: bool = option(False, help="go fast")
+    table: dict = dataclasses.field(default_factory=dict)
+
+
+def test_generator_handles_required_optional_tuple_and_refuses_other_types():
+    p = argparse.ArgumentParser(exit_on_error=False)
+    assert add_dataclass_args(p, _Toy, exclude=("table",)) == ["name", "sizes", "limit", "fast"]
+    with pytest.raises(SystemExit):  # argparse: "the following arguments are required: --name"
+        p.parse_args([])
+    toy = dataclass_from_args(_Toy, p.parse_args(["--name", "a", "--sizes", "3,4,5", "--limit", "2.5", "--fast"]),
+                              table={"k": 1})
+    assert toy == _Toy(name="a", sizes=(3, 4, 5), limit=2.5, fast=True, table={"k": 1})
+    assert dataclass_from_args(_Toy, p.parse_args(["--name", "a", "--sizes", ""])).sizes == ()
+    with pytest.raises(TypeError, match="'table'"):
+        add_dataclass_args(argparse.ArgumentParser(), _Toy)
+    with pytest.raises(ValueError, match="unknown _Toy keys"):
+        dataclass_from_args(_Toy, p.parse_args(["--name", "a"]), tabel={})
+
+
+def test_data_flags_come_from_data_config_with_recipe_defaults():
+    p = argparse.ArgumentParser()
+    add_training_args(p)
+    add_data_args(p, max_duration=30.0, num_workers=2)
+    cfg = data_config_from_args(p.parse_args([]), drop_last=True)
+    want = DataConfig(max_duration=30.0, num_workers=2, seed=TrainConfig(exp_dir="e").seed, drop_last=True)
+    assert cfg == want
+    cfg = data_config_from_args(p.parse_args(["--no-spec-augment", "--on-the-fly-feats", "--num-buckets", "3"]))
+    assert (cfg.spec_augment, cfg.on_the_fly_feats, cfg.num_buckets) == (False, True, 3)
+    for name in DATA_FLAGS:
+        assert dataclasses.fields(DataConfig)[[f.name for f in dataclasses.fields(DataConfig)].index(name)].metadata[
+            "help"]
+    with pytest.raises(SystemExit, match="max_duration must be > 0"):
+        data_config_from_args(p.parse_args(["--max-duration", "0"]))

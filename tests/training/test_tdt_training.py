@@ -1,0 +1,121 @@
+"""TDT through the training loop and the recipe flags: training learns, a resume continues exactly (with omega's
+random draws), and model.json carries the durations so that decoding rebuilds the duration head."""
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+from asrprec.models import Decoder, Joiner, LossConfig, Transducer, build_transducer
+from asrprec.precision import get_policy
+from asrprec.training import train
+from asrprec.training.cli import add_model_args, build_model_from_args
+
+from ..reliability.tiny import LinearEncoder, Tok, batches, config
+
+
+def make_tdt(omega=0.0, aux="simple"):
+    torch.manual_seed(0)
+    durations = (0, 1, 2)
+    return Transducer(LinearEncoder(), Decoder(6, 16), Joiner(16, 16, 16, 6, durations=durations),
+                      loss=LossConfig(loss="tdt", tdt_durations=durations, tdt_omega=omega, tdt_aux=aux,
+                                      loss_warmup_batches=8))
+
+
+def _run(exp_dir, model, epochs, **kw):
+    return train(model=model, policy=get_policy(kw.pop("precision", "fp32"), "cpu"), tokenizer=Tok(),
+                 train_dl=batches(4), valid_dl=batches(2, 1), cfg=config(exp_dir, num_epochs=epochs, **kw))
+
+
+def test_training_learns_both_parts(tmp_path):
+    state = _run(tmp_path, make_tdt(), 6)
+    losses = [h["train_loss"] for h in state.history]
+    assert losses[-1] < 0.7 * losses[0], losses
+    ck = torch.load(tmp_path / "epoch-6.pt", weights_only=False)["model"]
+    assert ck["joiner.output_linear.weight"].shape == (6 + 3, 16)
+
+
+@pytest.mark.parametrize("precision,omega", [("fp32", 0.0), ("fp32", 0.5), ("bf16", 0.0)])
+def test_resume_equals_uninterrupted(tmp_path, precision, omega):
+    """omega > 0 draws from torch's generator on every batch: the checkpoint's generator states make the resumed
+    run draw the same RNN-T / TDT choices."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    full = _run(a, make_tdt(omega), 3, precision=precision)
+    _run(b, make_tdt(omega), 2, precision=precision)
+    resumed = _run(b, make_tdt(omega), 3, precision=precision, start_epoch=3)
+    assert resumed.batch_idx_train == full.batch_idx_train == 12
+    want = torch.load(a / "epoch-3.pt", weights_only=False)["model"]
+    got = torch.load(b / "epoch-3.pt", weights_only=False)["model"]
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+    assert math.isclose(full.history[-1]["valid_loss"], resumed.history[-1]["valid_loss"], rel_tol=1e-6)
+
+
+class _Tok:
+    vocab_size, blank_id = 30, 0
+
+
+def _args(*flags):
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    return p.parse_args(list(flags))
+
+
+def test_flags_reach_the_model_and_model_json_rebuilds_it():
+    args = _args("--loss", "tdt", "--tdt-durations", "0,1,2,4", "--tdt-sigma", "0.05", "--tdt-omega", "0.1",
+                 "--tdt-aux", "none")
+    model, model_config = build_model_from_args(args, _Tok())
+    cfg = model.loss_config
+    assert model.durations == (0, 1, 2, 4) and (cfg.tdt_sigma, cfg.tdt_omega, cfg.tdt_aux) == (0.05, 0.1, "none")
+    stored = json.loads(json.dumps(model_config))  # what model.json holds
+    assert stored["loss"]["tdt_durations"] == [0, 1, 2, 4]
+    rebuilt = build_transducer(**stored)
+    assert rebuilt.durations == (0, 1, 2, 4) and rebuilt.loss_config == cfg
+    rebuilt.load_state_dict(model.state_dict())  # the same architecture, duration head included
+    # an RNN-T model.json (no TDT keys) rebuilds an RNN-T joiner
+    plain, plain_config = build_model_from_args(_args("--loss", "full"), _Tok())
+    assert "tdt_durations" not in plain_config["loss"] and build_transducer(**plain_config).durations == ()
+
+
+@pytest.mark.parametrize("value,message", [("0,2", "do not contain 1"), ("2,1", "strictly increasing"),
+                                           ("a,b", "comma-separated")])
+def test_bad_durations_flag_names_the_fix(value, message, capsys):
+    with pytest.raises(SystemExit):
+        _args("--loss", "tdt", "--tdt-durations", value)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_ranks_step_like_one_process_on_the_union(tmp_path):
+    """DDP (torchrun, 2 CPU processes): two steps of a TDT model on each rank's shard give the parameters of one
+    process stepping on the union of the ranks' batches (gradients summed over ranks, the loss a sum)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    worker = Path(__file__).with_name("_tdt_ddp_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    env.pop("RANK", None)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        str(worker), str(tmp_path)], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    spec = importlib.util.spec_from_file_location("asrprec_tests_tdt_ddp_worker", worker)
+    worker_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker_module)
+    W = worker_module.W
+    model = worker_module.make_tdt_model()
+    train(model=model, policy=get_policy("fp32", "cpu"), tokenizer=W.Tok(),
+          train_dl=W.Loader(W.union(W.make_batches(4)), 2.0), valid_dl=W.make_batches(2, 1),
+          cfg=W.train_cfg(tmp_path / "single", num_epochs=1, ref_duration=1.0))
+    want = W.params(model)
+    r0, r1 = (torch.load(tmp_path / f"tdt-rank{r}.pt", weights_only=True) for r in (0, 1))
+    for k in want:
+        assert torch.equal(r0[k], r1[k]), k  # the replicas stay identical
+        torch.testing.assert_close(r0[k], want[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
+    start = W.params(worker_module.make_tdt_model())
+    assert not torch.equal(want["joiner.output_linear.weight"], start["joiner.output_linear.weight"])
