@@ -26,7 +26,7 @@ import typing
 import warnings
 from typing import Any, Iterable, Mapping, TypeVar
 
-__all__ = ["add_dataclass_args", "check_config_keys", "dataclass_from_args", "option", "strict_from_dict"]
+__all__ = ["add_dataclass_args", "check_config_keys", "dataclass_from_args", "option", "parse_bool", "strict_from_dict"]
 
 T = TypeVar("T")
 
@@ -79,13 +79,30 @@ def strict_from_dict(cls: type[T], d: Mapping[str, Any], *, renamed: Mapping[str
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, choices: Iterable[Any] | None = None,  # noqa: A002
-           metavar: str | None = None, default_factory: Any = dataclasses.MISSING) -> Any:
+           metavar: str | None = None, default_factory: Any = dataclasses.MISSING,
+           parse: Any = None, takes_value: bool = False) -> Any:
     """A dataclass field that is also a command-line flag: ``help`` (and ``choices``, ``metavar``) go to
-    :func:`add_dataclass_args`."""
-    metadata = {"help": help, "choices": tuple(choices) if choices is not None else None, "metavar": metavar}
+    :func:`add_dataclass_args`.
+
+    ``parse``: the flag's argparse ``type`` when the field's type alone does not say how to read it (a JSON
+    object, a checked list); it raises ``argparse.ArgumentTypeError`` naming the problem. ``takes_value``: a
+    ``bool`` flag written with a value, ``--use-ctc true|false`` (icefall's style; a bare ``--use-ctc`` means true).
+    """
+    metadata = {"help": help, "choices": tuple(choices) if choices is not None else None, "metavar": metavar,
+                "parse": parse, "takes_value": takes_value}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def parse_bool(text: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no, on/off) as a bool; anything else is an ArgumentTypeError."""
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false (or 1/0), got {text!r}")
 
 
 def _flag_type(name: str, hint: Any) -> tuple[Any, bool]:
@@ -144,8 +161,12 @@ def add_dataclass_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
             default = f.default_factory()
         else:
             default = dataclasses.MISSING
-        kind, _ = _flag_type(name, hints[name])
+        kind = meta.get("parse") or _flag_type(name, hints[name])[0]
         kwargs: dict[str, Any] = {"dest": name, "help": meta.get("help")}
+        if kind is bool and meta.get("takes_value"):
+            parser.add_argument(flag, type=parse_bool, nargs="?", const=True, default=bool(default),
+                                metavar="true|false", **kwargs)
+            continue
         if kind is bool:
             if default is True:
                 kwargs["help"] = f"do not {kwargs['help']}" if kwargs["help"] else None

@@ -38,7 +38,7 @@ from asrprec.optim import Bf16Update, ScaledAdam
 from asrprec.optim.bf16_update import bytes_per_parameter
 from asrprec import precision
 from asrprec.precision import MasterWeightOptimizer, get_policy
-from asrprec.training.experiment import read_history
+from asrprec.experiment import read_history
 
 ROOT = Path(__file__).resolve().parents[1]
 # (policy, bf16 update, bf16 moments)
@@ -270,14 +270,22 @@ def run_project_step(args) -> None:
             return model(*batch)["loss"]
 
         n = count_parameters(_build(name, "meta"))
-        for policy, update, moments in CONFIGS:
-            if moments or (policy, update) not in args.step_configs:
-                continue
+        for policy, update, moments in args.step_configs:
             r = project_step(lambda name=name: _build(name), make_batch, loss_fn, policy, _factory(args.optimizer),
-                             bf16_update=update, cuda_forward=False)
+                             bf16_update=update, bf16_moments=moments, cuda_forward=False)
             state = r.optimizer_state + r.master_weights
-            print(f"| {name} | {n / 1e6:.0f} M | {_label(policy, update, False)} | {_gb(r.parameters)} | "
+            print(f"| {name} | {n / 1e6:.0f} M | {_label(policy, update, moments)} | {_gb(r.parameters)} | "
                   f"{_gb(r.gradients)} | {_gb(state)} | {_gb(r.peak)} ({r.peak_phase}) |", flush=True)
+
+
+def _step_config(text: str) -> tuple[str, str, bool]:
+    parts = text.split(":")
+    config = (parts[0], parts[1] if len(parts) > 1 else "master", parts[2:] == ["moments"])
+    if config not in CONFIGS or len(parts) > 3 or (len(parts) == 3 and parts[2] != "moments"):
+        raise argparse.ArgumentTypeError(
+            f"unknown step config {text!r}: known are " + ", ".join(
+                f"{p}:{u}" + (":moments" if m else "") for p, u, m in CONFIGS))
+    return config
 
 
 def _gb(n: int) -> str:
@@ -317,9 +325,9 @@ def main() -> None:
     p.add_argument("--optimizer", default="scaled_adam", choices=["scaled_adam", "adamw"])
     p.add_argument("--whole-step", action="store_true",
                    help="project a whole training step on fake tensors (activations included; slow on a CPU)")
-    p.add_argument("--step-configs", nargs="+", type=lambda t: tuple(t.split(":")),
-                   default=[("amp-bf16", "master"), ("bf16", "master"), ("bf16", "kahan"), ("bf16", "stochastic"),
-                            ("bf16", "none")], help="policy:update pairs for --whole-step")
+    p.add_argument("--step-configs", nargs="+", type=_step_config,
+                   default=[c for c in CONFIGS if c[0] != "fp32" and not c[2]][:5],
+                   help="policy:update[:moments] for --whole-step, e.g. amp-bf16:master bf16:stochastic:moments")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.what == "bytes":

@@ -44,3 +44,16 @@ def test_projection_scales_the_bytes_per_parameter(capsys):
     for label, per in (("bf16 master", 20), ("bf16 kahan", 14), ("bf16 stochastic", 12), ("amp-bf16", 16)):
         assert body[label][1] == str(per)
         assert float(body[label][2].split()[0]) == pytest.approx(per * n / 2**30, abs=0.006)
+
+
+def test_whole_step_configs_name_policy_update_and_moments():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("asrprec_bench_bf16_cfg", ROOT / "benchmarks" / "bf16_update.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench._step_config("bf16:stochastic:moments") == ("bf16", "stochastic", True)
+    assert bench._step_config("amp-bf16") == ("amp-bf16", "master", False)
+    for bad in ("bf16:sometimes", "bf16:kahan:fp8", "fp32:none", "bf16:none:moments:x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="known are"):
+            bench._step_config(bad)

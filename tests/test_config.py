@@ -116,3 +116,66 @@ def test_data_flags_come_from_data_config_with_recipe_defaults():
             "help"]
     with pytest.raises(SystemExit, match="max_duration must be > 0"):
         data_config_from_args(p.parse_args(["--max-duration", "0"]))
+
+
+def test_value_bools_and_custom_parsers():
+    @dataclasses.dataclass
+    class Cfg:
+        use_x: bool = option(True, takes_value=True, help="x")
+        use_y: bool = option(False, takes_value=True, help="y")
+        pair: tuple = option((1, 2), parse=lambda t: tuple(int(v) for v in t.split("/")), help="a/b")
+
+    p = argparse.ArgumentParser()
+    add_dataclass_args(p, Cfg)
+    assert dataclass_from_args(Cfg, p.parse_args([])) == Cfg()
+    got = dataclass_from_args(Cfg, p.parse_args(["--use-x", "false", "--use-y", "--pair", "3/4"]))
+    assert (got.use_x, got.use_y, got.pair) == (False, True, (3, 4))
+    assert p.parse_args(["--use-y", "0"]).use_y is False
+    with pytest.raises(SystemExit):
+        p.parse_args(["--use-x", "maybe"])
+
+
+def test_every_model_option_is_a_flag_with_its_default_and_reaches_its_field():
+    from asrprec.models import ModelOptions
+    from asrprec.training.cli import add_model_args, model_options_from_args
+
+    p = argparse.ArgumentParser()
+    add_model_args(p, size="medium")
+    assert model_options_from_args(p.parse_args([])) == ModelOptions(size="medium")
+    flags = {a.dest: a.option_strings for a in p._actions}
+    for f in dataclasses.fields(ModelOptions):
+        assert "--" + f.name.replace("_", "-") in flags[f.name], f.name
+    got = model_options_from_args(p.parse_args(
+        ["--use-transducer", "false", "--use-ctc", "--use-cr-ctc", "true", "--tdt-durations", "0,1,3",
+         "--encoder-overrides", '{"dropout": 0.05}', "--chunk-size", "16,-1", "--causal"]))
+    assert (got.use_transducer, got.use_ctc, got.use_cr_ctc) == (False, True, True)
+    assert got.tdt_durations == (0, 1, 3) and got.encoder_overrides == {"dropout": 0.05}
+    assert got.all_encoder_overrides() == {"dropout": 0.05, "causal": True, "chunk_size": [16, -1]}
+    for bad in (["--tdt-durations", "0,2"], ["--chunk-size", "0"], ["--encoder-overrides", "[1]"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)
+
+
+def test_decode_and_precision_flags_come_from_their_dataclasses():
+    from asrprec.decoding.experiment import DecodeConfig
+    from asrprec.precision import PrecisionOptions
+    from asrprec.training.cli import (
+        add_decoding_args, add_precision_args, decode_config_from_args, precision_options_from_args,
+    )
+
+    p = argparse.ArgumentParser()
+    add_decoding_args(p, beam_size=8)
+    add_precision_args(p, default="amp-bf16")
+    args = p.parse_args(["--epoch", "3"])
+    assert decode_config_from_args(args) == DecodeConfig(epoch=3, beam_size=8)
+    assert precision_options_from_args(args) == PrecisionOptions(precision="amp-bf16")
+    flags = {a.dest: a.option_strings for a in p._actions}
+    for cls in (DecodeConfig, PrecisionOptions):
+        for f in dataclasses.fields(cls):
+            assert any(o.startswith("--") for o in flags[f.name]), f.name
+    with pytest.raises(SystemExit):
+        p.parse_args([])  # --epoch is required
+    with pytest.raises(ValueError, match="--tail-padding applies to --streaming"):
+        decode_config_from_args(p.parse_args(["--epoch", "1", "--tail-padding", "0.66"]))
+    cfg = decode_config_from_args(p.parse_args(["--epoch", "2", "--decoding-method", "ctc_prefix_beam_search"]))
+    assert (cfg.search().method, cfg.search().beam) == ("ctc_prefix_beam_search", 8)

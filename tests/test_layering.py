@@ -225,3 +225,52 @@ def test_no_import_cycles():
     """Top-level imports among asrprec modules form no cycle (a lazy import inside a function is allowed)."""
     cycles = import_cycles(import_graph())
     assert not cycles, f"import cycles among asrprec modules (move the shared part into its own module): {cycles}"
+
+
+# the floors of the library (a module imports only from lower floors or its own package), lazy imports included
+_FLOORS = {"atomic": 1, "config": 1, "rng": 1, "tokenizer": 1, "metrics": 1, "_optional": 1, "optim": 1,
+           "precision": 2, "losses": 2, "data": 2, "models": 3, "checkpoint": 4, "experiment": 5,
+           "training": 6, "decoding": 6, "export": 6}
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under ``if TYPE_CHECKING:`` (annotations only: nothing is imported at run time)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            yield from (n for child in node.orelse for n in ast.walk(child))
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def floor_problems(root: pathlib.Path) -> list[str]:
+    problems = []
+    for path in sorted((root / "asrprec").rglob("*.py")):
+        rel = path.relative_to(root / "asrprec")
+        here = rel.parts[0].removesuffix(".py")
+        if here not in _FLOORS:
+            continue
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            for n in names:
+                parts = n.split(".")
+                if parts[0] != "asrprec" or len(parts) < 2 or parts[1] not in _FLOORS or parts[1] == here:
+                    continue
+                if _FLOORS[parts[1]] > _FLOORS[here] or (_FLOORS[parts[1]] == _FLOORS[here] >= 5):
+                    problems.append(f"asrprec/{rel} (floor {_FLOORS[here]}) imports {n} (floor {_FLOORS[parts[1]]})")
+    return problems
+
+
+def test_each_floor_imports_only_lower_floors():
+    # training, decoding and export share floor 6 and may use each other's command-line helpers; nothing below
+    # them may import them, and the experiment folder (floor 5) imports none of them
+    problems = [p for p in floor_problems(ROOT) if "(floor 6) imports" not in p]
+    assert problems == []
+
+
+def test_floor_check_finds_an_upward_import(tmp_path):
+    (tmp_path / "asrprec" / "models").mkdir(parents=True)
+    (tmp_path / "asrprec" / "models" / "x.py").write_text("def f():\n    from asrprec.training.cli import run_main\n")
+    (tmp_path / "asrprec" / "experiment.py").write_text("import asrprec.decoding\n")
+    assert len(floor_problems(tmp_path)) == 2

@@ -54,18 +54,40 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     return atomic_write(path, lambda f: torch.save(obj, f))
 
 
+_COMPILED = "_orig_mod."  # the submodule name torch.compile's OptimizedModule wrapper adds to every key
+
+
+def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``state_dict()`` without ``torch.compile`` wrappers' ``_orig_mod.`` in the names (a submodule replaced by
+    ``torch.compile(submodule)``): a checkpoint names tensors as the uncompiled model does."""
+    return {k.replace(_COMPILED, ""): v for k, v in unwrap_model(model).state_dict().items()}
+
+
+def load_plain_state_dict(model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> Any:
+    """``load_state_dict`` of names without ``_orig_mod.`` into a model that may hold compiled submodules."""
+    bare = unwrap_model(model)
+    names = [k for k in bare.state_dict() if _COMPILED in k]
+    if names:
+        state = dict(state)
+        for k in names:
+            plain = k.replace(_COMPILED, "")
+            if plain in state:
+                state[k] = state.pop(plain)
+    return bare.load_state_dict(state, strict=strict)
+
+
 def module_runtime_state(model: nn.Module) -> dict[str, dict]:
     """State that modules keep outside their ``state_dict`` but that later steps depend on (e.g. the Zipformer's
     ``Whiten`` probability, which its backward updates): ``{module name: module.runtime_state_dict()}`` for every
     submodule defining ``runtime_state_dict``. Kept apart from the weights, so that weight files and averaging see
     weights only, and a checkpoint without it still loads."""
-    return {name: m.runtime_state_dict() for name, m in unwrap_model(model).named_modules()
+    return {name.replace(_COMPILED, ""): m.runtime_state_dict() for name, m in unwrap_model(model).named_modules()
             if callable(getattr(m, "runtime_state_dict", None))}
 
 
 def load_module_runtime_state(model: nn.Module, state: dict[str, dict]) -> None:
     """Restore :func:`module_runtime_state` (modules missing on either side are skipped)."""
-    modules = dict(unwrap_model(model).named_modules())
+    modules = {name.replace(_COMPILED, ""): m for name, m in unwrap_model(model).named_modules()}
     for name, s in state.items():
         m = modules.get(name)
         if m is not None and callable(getattr(m, "load_runtime_state_dict", None)):
@@ -104,7 +126,7 @@ def save_checkpoint(
         raise ValueError(f"config must be a plain dict (e.g. dataclasses.asdict(cfg)), got {type(config).__name__}")
     ckpt: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
-        "model": unwrap_model(model).state_dict(),
+        "model": plain_state_dict(model),
         "policy": policy.describe() if policy is not None else None,
         "config": config or {},
         "extra": dict(extra or {}),
@@ -114,7 +136,7 @@ def save_checkpoint(
     if runtime:
         ckpt["runtime_state"] = runtime
     if model_avg is not None:
-        ckpt["model_avg"] = unwrap_model(model_avg).state_dict()
+        ckpt["model_avg"] = plain_state_dict(model_avg)
     if optimizer is not None:
         ckpt["optimizer"] = optimizer.state_dict()
         ckpt["optimizer_kind"] = _optimizer_kind(optimizer)
@@ -243,7 +265,7 @@ def load_checkpoint(
                 "resume with the model settings of the run that wrote it (its folder's model.json / config.json), "
                 "or start the new model in another --exp-dir"))
         else:
-            unwrap_model(model).load_state_dict(ckpt["model"], strict=False)
+            load_plain_state_dict(model, ckpt["model"], strict=False)
         load_module_runtime_state(model, ckpt.get("runtime_state", {}))
     if model_avg is not None:
         unwrap_model(model_avg).load_state_dict(need("model_avg"), strict=strict)
@@ -277,7 +299,7 @@ def load_model_weights(model: nn.Module, state: dict[str, torch.Tensor], *, sour
         CheckpointMismatchError: missing or unexpected tensor names, or shapes that differ, e.g. when a recipe's
             ``model.json`` describes another architecture than the one the checkpoint was trained with.
     """
-    target = unwrap_model(model).state_dict()
+    target = plain_state_dict(model)
     missing = sorted(set(target) - set(state))
     unexpected = sorted(set(state) - set(target))
     shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(target[k].shape)}"
@@ -302,7 +324,7 @@ def load_model_weights(model: nn.Module, state: dict[str, torch.Tensor], *, sour
             "--encoder-overrides '{\"frontend_channels\": [8, 32, 128]}' for a Conformer 'tiny' with icefall's "
             "front-end widths)."
         )
-    unwrap_model(model).load_state_dict(state)
+    load_plain_state_dict(model, state)
 
 
 def checkpoint_position(path: str | os.PathLike) -> tuple[int, int, bool]:

@@ -10,6 +10,9 @@ the corpus generator's spawn workers start without importing torch or lhotse.
 * :func:`compute_fbank_lazy` — :mod:`asrprec.data.features`
 * :func:`load_cuts`, :func:`write_cuts`, :func:`speed_perturbed`, :func:`shuffle_manifests` — :mod:`asrprec.data.manifests`
 * LibriSpeech and MUSAN download and manifests (lhotse's recipes) — :mod:`asrprec.data.corpora`
+* resumable downloads checked against published MD5s — :mod:`asrprec.data.download`
+* stage records (a rerun redoes only what changed) — :mod:`asrprec.data.stages`
+* :class:`CheckOptions`, :func:`check_splits` — :mod:`asrprec.data.validate`
 * :func:`resample_poly` — :mod:`asrprec.data.resample`
 """
 
@@ -29,6 +32,8 @@ _EXPORTS = {
     "fbank_extractor": "features",
     "validate_cuts": "validate",
     "check_cuts": "validate",
+    "check_splits": "validate",
+    "CheckOptions": "validate",
     "DataReport": "validate",
     "DataCheckError": "validate",
     "filter_by_duration": "validate",

@@ -4,10 +4,14 @@ What LibriSpeech and MUSAN look like on disk is lhotse's knowledge (``lhotse.rec
 ``lhotse.recipes.musan``); this module adds what a staged, idempotent preparation needs around it:
 
 * a corpus already on disk is never downloaded again (lhotse's downloader only trusts its own ``.completed``
-  markers, so a copy unpacked by hand would be fetched a second time);
-* manifests that exist are reused, and a part that produced nothing is an error naming the folder; lhotse
-  writes them into a temporary folder, from which each is published atomically (:mod:`asrprec.atomic`), so an
-  interrupted preparation leaves no manifest that a rerun would take for complete;
+  markers, so a copy unpacked by hand would be fetched a second time); downloads resume and are verified
+  (:mod:`asrprec.data.download`);
+* a stage's outputs are trusted on a rerun only when the record it writes last (``<output>.done.json``,
+  :func:`outdated`) says they were made from the same inputs and settings and they have not changed since; otherwise
+  the stage is done again. Every output is published atomically (:mod:`asrprec.atomic`): lhotse writes manifests
+  into a temporary folder, from which each is published, so an interrupted preparation leaves nothing that a rerun
+  would take for complete;
+* a part that produced nothing is an error naming the folder;
 * the MUSAN noise cuts icefall mixes into training batches: every recording of music, speech and noise cut
   into 10 s windows, windows of 5 s or less dropped (k2-fsa/icefall
   ``egs/librispeech/ASR/local/compute_fbank_musan.py``).
@@ -19,6 +23,7 @@ speech,noise}/<source>/*.wav``. ``corpus_dir`` may also be the ``LibriSpeech`` f
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -29,6 +34,8 @@ from typing import Any, Callable, Sequence
 from asrprec._optional import require
 from asrprec.atomic import TEMPORARY_GLOB, publish
 
+from .stages import DONE_SUFFIX, folder_fingerprint, outdated, record_done
+
 log = logging.getLogger(__name__)
 
 
@@ -37,21 +44,22 @@ class CorpusError(ValueError):
     fix (a recipe's ``run_main`` prints it as one line)."""
 
 
-def _download(what: str, archives: Sequence[Path], fetch: Callable[[], Any]) -> None:
-    """``fetch()`` (a lhotse downloader); on failure, delete the ``archives`` it may have left (a partial or 0-byte
-    archive would pass for an unpacking in progress) and raise :class:`CorpusError` naming ``--corpus-dir``."""
-    import urllib.error
+def _download(what: str, target: Path, fetch: Callable[[], Any]) -> Any:
+    """``fetch()`` (:func:`asrprec.data.download.fetch` or ``unpack``); its failures become a CorpusError naming the
+    fix: ``--corpus-dir`` when the network fails, a new download when the archive is wrong."""
+    from asrprec.data.download import ArchiveError, DownloadError
 
     try:
-        fetch()
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
-        left = [a for a in archives if a.is_file()]
-        for a in left:
-            a.unlink(missing_ok=True)
-        removed = f"; removed the incomplete {', '.join(a.name for a in left)}" if left else ""
-        raise CorpusError(f"could not download {what} ({type(e).__name__}: {getattr(e, 'reason', e)}){removed}. Fix: "
-                          f"check the network, or put the corpus on disk and pass its folder as --corpus-dir (it must "
-                          f"hold LibriSpeech/<part>/ and musan/)") from None
+        return fetch()
+    except ArchiveError as e:
+        raise CorpusError(f"{what}: {e}. Fix: rerun to download it again (if it fails the same way, pass another "
+                          f"mirror as --openslr-url), or put the unpacked corpus in {target} and pass that folder as "
+                          f"--corpus-dir") from None
+    except DownloadError as e:
+        raise CorpusError(f"could not download {what} ({e}). Fix: check the network and rerun (a partial download "
+                          f"resumes), or put the corpus on disk and pass its folder as --corpus-dir (it must hold "
+                          f"LibriSpeech/<part>/ and musan/)") from None
+
 
 # The published training subsets (icefall: --full-libri False / True), the dev parts icefall validates on, and
 # the test parts it reports.
@@ -96,11 +104,15 @@ def missing_librispeech_parts(corpus_dir: Path | str, parts: Sequence[str]) -> l
     return [p for p in parts if not _part_on_disk(root / p)]
 
 
-def download_librispeech(corpus_dir: Path | str, parts: Sequence[str]) -> Path:
-    """Download and unpack the LibriSpeech ``parts`` not yet on disk (lhotse's downloader, from openslr.org).
+def download_librispeech(corpus_dir: Path | str, parts: Sequence[str], *, base_url: str | None = None) -> Path:
+    """Download (resumably, verified: :func:`asrprec.data.download.fetch`) and unpack the LibriSpeech ``parts`` not
+    yet on disk, from OpenSLR's resource 12 at ``base_url`` (:data:`~asrprec.data.download.OPENSLR_URL` by default).
 
-    Returns :func:`librispeech_root`. Parts already unpacked under it are skipped, whoever unpacked them.
+    Returns :func:`librispeech_root`. Parts already unpacked under it are skipped, whoever unpacked them; the
+    archives are kept next to ``LibriSpeech/`` as lhotse's downloader keeps them (delete them once unpacked).
     """
+    from asrprec.data.download import OPENSLR_MD5, OPENSLR_URL, fetch
+
     unknown = sorted(set(parts) - set(_ALL_LIBRISPEECH_PARTS))
     if unknown:
         raise ValueError(f"unknown LibriSpeech parts {unknown}; known: {', '.join(_ALL_LIBRISPEECH_PARTS)}")
@@ -109,12 +121,31 @@ def download_librispeech(corpus_dir: Path | str, parts: Sequence[str]) -> Path:
     if not missing:
         log.info("LibriSpeech parts %s are on disk in %s; not downloading", ", ".join(parts), root)
         return root
-    from lhotse.recipes import download_librispeech as lhotse_download
-
+    base_url = (base_url or OPENSLR_URL).rstrip("/")
     log.info("downloading LibriSpeech %s into %s", ", ".join(missing), root.parent)
-    _download(f"LibriSpeech {', '.join(missing)} into {root.parent}", [root.parent / f"{p}.tar.gz" for p in missing],
-              lambda: lhotse_download(target_dir=root.parent, dataset_parts=list(missing)))
+    for part in missing:
+        name = f"12/{part}.tar.gz"
+        archive = root.parent / f"{part}.tar.gz"
+        what = f"LibriSpeech {part} into {root.parent}"
+        _download(what, root.parent, lambda: fetch(f"{base_url}/{name}", archive, md5=OPENSLR_MD5.get(name)))
+        _unpack(what, archive, root.parent, root / part / ".completed", [root / part])
     return root
+
+
+def _unpack(what: str, archive: Path, target: Path, marker: Path, folders: Sequence[Path]) -> None:
+    """Unpack ``archive`` into ``target`` after removing the ``folders`` it fills (what an interrupted unpacking
+    left, as lhotse's downloader does); when it cannot be unpacked, its partial contents are removed again: with the
+    archive deleted, they would pass for a corpus on disk."""
+    from asrprec.data.download import unpack
+
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        _download(what, target, lambda: unpack(archive, target, marker))
+    except CorpusError:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def musan_root(corpus_dir: Path | str) -> Path:
@@ -130,16 +161,20 @@ def _musan_on_disk(root: Path) -> bool:
     return all((root / p).is_dir() and next((root / p).rglob("*.wav"), None) is not None for p in MUSAN_PARTS)
 
 
-def download_musan(corpus_dir: Path | str) -> Path:
-    """Download and unpack MUSAN (lhotse's downloader) unless its music, speech and noise folders hold audio."""
+def download_musan(corpus_dir: Path | str, *, base_url: str | None = None) -> Path:
+    """Download (resumably, verified) and unpack MUSAN, OpenSLR's resource 17 at ``base_url``, unless its music,
+    speech and noise folders hold audio."""
+    from asrprec.data.download import OPENSLR_MD5, OPENSLR_URL, fetch
+
     root = musan_root(corpus_dir)
     if _musan_on_disk(root):
         log.info("MUSAN is on disk in %s; not downloading", root)
         return root
-    from lhotse.recipes import download_musan as lhotse_download
-
-    log.info("downloading MUSAN into %s", root.parent)
-    _download(f"MUSAN into {root.parent}", [root.parent / "musan.tar.gz"], lambda: lhotse_download(target_dir=root.parent))
+    base_url = (base_url or OPENSLR_URL).rstrip("/")
+    name, archive, what = "17/musan.tar.gz", root.parent / "musan.tar.gz", f"MUSAN into {root.parent}"
+    log.info("downloading %s", what)
+    _download(what, root.parent, lambda: fetch(f"{base_url}/{name}", archive, md5=OPENSLR_MD5[name]))
+    _unpack(what, archive, root.parent, root.parent / ".musan_completed", [root / p for p in MUSAN_PARTS])
     return root
 
 
@@ -153,7 +188,9 @@ def prepare_librispeech_manifests(
     corpus_dir: Path | str, parts: Sequence[str], manifest_dir: Path | str, *, num_jobs: int = 1,
     max_bad_lines: int = 0,
 ) -> dict[str, dict[str, Path]]:
-    """lhotse's ``prepare_librispeech`` for ``parts`` (it reuses manifests already in ``manifest_dir``).
+    """lhotse's ``prepare_librispeech`` for the ``parts`` whose manifests in ``manifest_dir`` are not current: a
+    part's manifests are reused when its record (``librispeech_<part>.done.json``) holds the same
+    :func:`folder_fingerprint` of the part's audio and transcripts and the manifests are unchanged (:func:`outdated`).
 
     Transcript lines that are not ``<utterance-id> <text>`` (:func:`malformed_transcript_lines`) are named in the
     log and their utterances left out, up to ``max_bad_lines`` in all; a part holding some is read line by line
@@ -171,10 +208,18 @@ def prepare_librispeech_manifests(
             f"the download stage, or point --corpus-dir at the folder that holds LibriSpeech/"
         )
     paths = {p: librispeech_manifest_paths(manifest_dir, p) for p in parts}
-    todo = [p for p in parts if not all(f.is_file() for f in paths[p].values())]
+    stamps = {p: Path(manifest_dir) / f"librispeech_{p}{DONE_SUFFIX}" for p in parts}
+    made_from = {p: {"corpus": folder_fingerprint(root / p, (".flac", ".txt"))} for p in parts}
+    stale = {p: outdated(stamps[p], made_from[p], list(paths[p].values())) for p in parts}
+    todo = [p for p in parts if stale[p]]
     if not todo:
-        log.info("LibriSpeech manifests for %s are in %s; not re-reading the corpus", ", ".join(parts), manifest_dir)
+        log.info("LibriSpeech manifests for %s are in %s and match the corpus; not re-reading it", ", ".join(parts),
+                 manifest_dir)
         return paths
+    for p in todo:
+        if any(f.is_file() for f in paths[p].values()):
+            log.warning("LibriSpeech manifests of %s in %s: %s; re-reading the corpus", p, manifest_dir, stale[p])
+        stamps[p].unlink(missing_ok=True)
     bad = {p: malformed_transcript_lines(root / p) for p in todo}
     named = [f"{path}:{i}: {why}" for p in todo for path, i, why in bad[p]]
     if len(named) > max_bad_lines:
@@ -198,6 +243,8 @@ def prepare_librispeech_manifests(
             raise ValueError(f"LibriSpeech part {p} in {root / p} gave no utterances with audio (each line of a "
                              f".trans.txt needs its <utterance-id>.flac next to it); fix: re-download the part")
         log.info("LibriSpeech %s: %d utterances", p, len(manifests[p]["recordings"]))
+        record_done(stamps[p], made_from[p], list(paths[p].values()), utterances=len(manifests[p]["recordings"]),
+                    left_out=[f"{path}:{i}: {w}" for path, i, w in bad[p]])
     return paths
 
 
@@ -369,7 +416,9 @@ class PreparedData:
       audio only: speed-perturbed for training parts; what on-the-fly features read);
     * ``fbank/``: ``<prefix>_cuts_<part>.jsonl.gz`` with precomputed features, their arrays in
       ``<prefix>_feats_<part>/``, and ``musan_cuts.jsonl.gz`` (noise cuts with features and audio);
-    * ``lang_bpe_<vocab>/bpe.model``: the tokenizer.
+    * ``lang_bpe_<vocab>/bpe.model``: the tokenizer;
+    * beside each manifest a stage made, ``<name>.done.json``: what it was made from (:func:`outdated`); in each
+      features folder, ``made_from.json``: the inputs of the chunks computed so far.
 
     The training cuts of a subset are the part ``train-<subset>-shuf`` (all its training parts, shuffled).
     """

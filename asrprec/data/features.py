@@ -100,7 +100,8 @@ def compute_fbank(
     if manifest_path.is_file():
         stored = lhotse.CutSet.from_file(manifest_path).to_eager()
         left_out = set(cuts.ids) - set(stored.ids)
-        if set(stored.ids) <= set(cuts.ids) and len(left_out) <= max_unreadable and all(c.has_features for c in stored):
+        if (set(stored.ids) <= set(cuts.ids) and len(left_out) <= max_unreadable and all(c.has_features for c in stored)
+                and all(Path(c.features.storage_path).exists() for c in stored)):
             stored_bins = stored[0].num_features if len(stored) else num_mel_bins
             if stored_bins == num_mel_bins:
                 log.info("features in %s are up to date; not recomputing", manifest_path)
@@ -188,6 +189,7 @@ def compute_fbank_lazy(
     num_jobs: int = 2,
     num_mel_bins: int = NUM_MEL_BINS,
     max_unreadable: int = 0,
+    made_from: dict[str, Any] | None = None,
 ) -> Any:
     """:func:`compute_fbank` for a CutSet too large for memory (e.g. lazily read): ``chunk_size`` cuts at a time;
     at most ``max_unreadable`` cuts of all chunks together may be left out for unreadable audio.
@@ -195,21 +197,32 @@ def compute_fbank_lazy(
     Chunk ``i``'s arrays go to ``storage_dir/chunk-<i>`` and its manifest to ``storage_dir/chunk-<i>.jsonl.gz``; a
     rerun after an interruption reuses the chunks already done (the chunking follows the order of ``cuts``, so the
     input must be the same). At the end the chunk manifests are joined into ``manifest_path`` (written
-    atomically). When ``manifest_path`` exists nothing is computed. Returns the result opened lazily.
+    atomically), and a record of it is written last (:func:`asrprec.data.stages.record_done`). ``made_from``
+    describes ``cuts`` (e.g. the digest of the manifest they are read from): an existing ``manifest_path`` is
+    reused only when its record has the same ``made_from`` and ``num_mel_bins`` and it is complete
+    (:func:`incomplete_fbank`); otherwise it is computed again. Returns the result opened lazily.
     """
     import itertools
 
     lhotse = require("lhotse")
+    from asrprec.data.stages import done_path, outdated, read_done, record_done
     from asrprec.data.manifests import write_cuts
 
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     manifest_path, storage_dir = Path(manifest_path), Path(storage_dir)
-    if manifest_path.is_file():
-        log.info("features in %s exist; not recomputing (delete the file to recompute)", manifest_path)
+    made_from = {**(made_from or {}), "num_mel_bins": num_mel_bins}
+    stamp = done_path(manifest_path)
+    why = outdated(stamp, made_from, [manifest_path]) or incomplete_fbank(manifest_path, read_done(stamp))
+    if not why:
+        log.info("features in %s exist; not recomputing (made from the same cuts, complete)", manifest_path)
         return lhotse.load_manifest_lazy(manifest_path)
-    storage_dir.mkdir(parents=True, exist_ok=True)
-    chunk_manifests, left_out = [], 0
+    if manifest_path.exists():
+        log.warning("features in %s cannot be reused: %s; recomputing", manifest_path, why)
+    stamp.unlink(missing_ok=True)
+    manifest_path.unlink(missing_ok=True)
+    _start_chunks(storage_dir, made_from)
+    chunk_manifests, left_out, n_in = [], [], 0
     executor = fbank_executor(num_jobs) if num_jobs > 1 else None
     try:
         it = iter(cuts)
@@ -220,17 +233,68 @@ def compute_fbank_lazy(
             path = storage_dir / f"chunk-{i:05d}.jsonl.gz"
             done = compute_fbank(lhotse.CutSet.from_cuts(chunk), storage_dir / f"chunk-{i:05d}", path,
                                  num_jobs=num_jobs, num_mel_bins=num_mel_bins, executor=executor,
-                                 max_unreadable=max_unreadable - left_out)
-            left_out += len(chunk) - len(done)
+                                 max_unreadable=max_unreadable - len(left_out))
+            kept = set(done.ids)
+            left_out += [c.id for c in chunk if c.id not in kept]
+            n_in += len(chunk)
             chunk_manifests.append(path)
     finally:
         if executor is not None:
             executor.shutdown()
     n = write_cuts((c for p in chunk_manifests for c in lhotse.load_manifest_lazy(p)), manifest_path)
+    record_done(stamp, made_from, [manifest_path], cuts_in=n_in, left_out=left_out)
     for p in chunk_manifests:
         p.unlink()
     log.info("fbank of %d cuts in %d chunks -> %s", n, len(chunk_manifests), manifest_path)
     return lhotse.load_manifest_lazy(manifest_path)
+
+
+def _start_chunks(storage_dir: Path, made_from: dict[str, Any]) -> None:
+    """Chunk manifests in ``storage_dir`` left by an interrupted run are reused only when that run had the same
+    ``made_from`` (kept in ``storage_dir/made_from.json``); others are deleted."""
+    import json
+
+    from asrprec.atomic import atomic_write_text
+    from asrprec.data.stages import read_done
+
+    record = storage_dir / "made_from.json"
+    wanted = json.loads(json.dumps(made_from, default=str))
+    if read_done(record) != wanted:
+        for old in storage_dir.glob("chunk-*.jsonl.gz"):
+            old.unlink()
+    atomic_write_text(record, json.dumps(wanted, sort_keys=True) + "\n")
+
+
+def incomplete_fbank(manifest_path: Path | str, done: dict[str, Any]) -> str:
+    """Why the fbank manifest is not complete ("" when it is): a cut without features, features whose storage is
+    gone, or another count of cuts than the ``done`` record's ``cuts_in`` less its ``left_out``. Reads the manifest
+    as JSON lines (no lhotse objects: 450k cuts of a 960 h part take seconds)."""
+    import gzip
+    import json
+    import zlib
+
+    if not isinstance(done.get("cuts_in"), int) or not isinstance(done.get("left_out"), list):
+        return "its record holds no count of cuts"
+    count, storage = 0, set()
+    try:
+        with gzip.open(manifest_path, "rt", encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                cut = json.loads(line)
+                if not cut.get("features"):
+                    return f"cut {cut.get('id')} has no features"
+                storage.add(cut["features"]["storage_path"])
+                count += 1
+    except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError) as e:
+        return f"it is unreadable ({type(e).__name__}: {e})"
+    gone = sorted(s for s in storage if not Path(s).exists())
+    if gone:
+        return f"{len(gone)} of its feature archives are gone, e.g. {gone[0]}"
+    expected = done["cuts_in"] - len(done["left_out"])
+    if count != expected:
+        return f"it holds {count} cuts, not {expected} ({done['cuts_in']} less {len(done['left_out'])} left out)"
+    return ""
 
 
 class OnTheFlyFbank:

@@ -20,6 +20,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from asrprec.config import option
+
 from .frames import cut_num_frames
 
 log = logging.getLogger(__name__)
@@ -218,6 +220,32 @@ def _problem(cut, unknown, max_oov_fraction, min_frames, max_duration, require_t
         if data.size == 0 or not np.isfinite(data).all():
             return UNREADABLE
     return None
+
+
+@dataclass
+class CheckOptions:
+    """How a training run checks its splits (:func:`check_splits`); the recipes' ``--validate-data`` and
+    ``--max-oov-fraction``."""
+
+    validate_data: str = option("fast", choices=CHECK_MODES,
+                                help="before training, drop and report cuts that cannot be used (empty transcript, "
+                                     "words the tokenizer cannot spell, too short for the encoder, missing files); "
+                                     "full also decodes every feature/audio file")
+    max_oov_fraction: float = option(0.0, help="drop a training/dev cut when more than this share of its words lie "
+                                               "outside the tokenizer's vocabulary (they would train as <unk>)")
+
+
+def check_splits(cuts: dict[str, Any], options: CheckOptions, tokenizer: Any, min_frames: int, *,
+                 max_duration: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each split's cuts without those that cannot be used (:func:`check_cuts` per split; dropped cuts are counted
+    and named in the log), and each split's report as a dict (for the checkpoint's record)."""
+    kept, checks = {}, {}
+    for split, split_cuts in cuts.items():
+        kwargs = {} if max_duration is None else {"max_duration": max_duration}
+        kept[split], report = check_cuts(split_cuts, split=split, tokenizer=tokenizer, mode=options.validate_data,
+                                         max_oov_fraction=options.max_oov_fraction, min_frames=min_frames, **kwargs)
+        checks[split] = report.to_dict()
+    return kept, checks
 
 
 def validate_cuts(cuts: Any, *, check_audio: bool = True, check_features: bool = False) -> int:

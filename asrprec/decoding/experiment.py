@@ -6,19 +6,79 @@ policy; :func:`decode_splits` decodes each split and writes, into the folder, ic
 ``recogs-<split>-<tag>.txt``, ``errs-<split>-<tag>.txt`` and one ``wer-summary-<tag>.json`` for all splits
 (``<tag>`` = method, epoch, avg, precision and the options that change results).
 
-``args`` is the namespace of a parser built with :func:`asrprec.training.cli.add_decoding_args` and
-:func:`asrprec.training.cli.add_precision_args`.
+What to decode is one :class:`DecodeConfig` (its fields are the recipes' decoding flags,
+:func:`asrprec.training.cli.add_decoding_args`), in the precision a
+:class:`~asrprec.precision.PrecisionOptions` names.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from torch import nn
+
+from asrprec.config import option
+from asrprec.data.validate import CHECK_MODES
+
+from asrprec.models.compile import COMPILE_DYNAMIC
+
+from .api import METHODS, DecodingOptions
+from .label_looping import DEFAULT_GREEDY_METHOD, GREEDY_METHODS
+
+
+@dataclass
+class DecodeConfig:
+    """Which weights of an experiment to decode, with which search (the recipes' ``decode.py`` flags)."""
+
+    epoch: int = option(help="decode with epoch-N.pt (averaged with --avg)")
+    avg: int = option(1, help="average the last AVG epoch checkpoints ending at --epoch")
+    use_averaged_model: bool = option(
+        False, help="decode with the mean of the weights sampled (every --average-period batches) after epoch "
+                    "EPOCH-AVG up to epoch EPOCH, from the running averages in the two checkpoints (icefall's "
+                    "--use-averaged-model), instead of the mean of the AVG epoch-end weights")
+    validate_data: str = option("fast", choices=CHECK_MODES,
+                                help="leave out (and report) cuts the encoder cannot take or whose files are missing; "
+                                     "full also decodes every feature file first")
+    decoding_method: str = option("greedy_search", choices=METHODS,
+                                  help="greedy_search / modified_beam_search decode the transducer, ctc_greedy_search "
+                                       "/ ctc_prefix_beam_search the CTC head (a hybrid model takes all four)")
+    beam_size: int = option(4, help="modified_beam_search and ctc_prefix_beam_search: hypotheses kept per utterance")
+    max_sym_per_frame: int = option(1, help="at most this many tokens per encoder frame: greedy_search, and both "
+                                            "searches of a TDT model (NeMo's max_symbols)")
+    greedy_method: str = option(DEFAULT_GREEDY_METHOD, choices=GREEDY_METHODS,
+                                help="greedy_search by label looping (asrprec.decoding.LabelLoopingGreedy: batched, "
+                                     "CUDA graphs on a GPU) or by frame looping (asrprec.decoding.greedy_search); the "
+                                     "same results. A TDT model: TdtLabelLoopingGreedy or tdt_greedy_search")
+    chunk_size: int | None = option(None, help="causal Zipformer only (required there): decode in chunks of this many "
+                                               "50 Hz frames (simulated streaming), or -1 for full context")
+    left_context_frames: int | None = option(None, help="causal Zipformer only: left context in 50 Hz frames for "
+                                                        "chunked decoding (-1 = all)")
+    streaming: bool = option(False, help="causal Zipformer only: decode as live streams, chunk by chunk with the "
+                                         "encoder's caches (icefall's streaming_decode.py), instead of simulating "
+                                         "streaming with a chunk mask; needs --chunk-size > 0 and a finite "
+                                         "--left-context-frames")
+    compile: bool = option(False, help="torch.compile the encoder (inductor): the same results; pays when the decoded "
+                                       "audio takes longer than the compile (docs/compile.md). Not with --streaming")
+    compile_dynamic: str = option("auto", choices=COMPILE_DYNAMIC,
+                                  help="--compile's shape handling: auto = a static graph, then a dynamic one at "
+                                       "the first new (B, T); true = dynamic from the first batch; false = a graph "
+                                       "per shape")
+    tail_padding: float = option(0.0, metavar="SECONDS",
+                                 help="with --streaming: end each stream as a sherpa-onnx client does, with this much "
+                                      "silence appended to the audio (its examples: 0.66) and only whole chunks "
+                                      "decoded; features are then computed from the padded audio")
+
+    def __post_init__(self) -> None:
+        if self.tail_padding and not self.streaming:
+            raise ValueError("--tail-padding applies to --streaming decoding (it ends each live stream with silence)")
+
+    def search(self) -> DecodingOptions:
+        """The search options of :func:`asrprec.decoding.decode_dataset`."""
+        return DecodingOptions(method=self.decoding_method, beam=self.beam_size,
+                               max_sym_per_frame=self.max_sym_per_frame)
 
 
 @dataclass(frozen=True)
@@ -35,59 +95,61 @@ class DecodingSetup:
     min_input_frames: int = 1
 
 
-def result_tag(args: argparse.Namespace, streaming_tag: str = "") -> str:
-    """``<method>-epoch-E-avg-A-<precision>[-use-averaged-model][-beam-K][-<streaming tag>]``."""
-    tag = f"{args.decoding_method}-epoch-{args.epoch}-avg-{args.avg}-{args.precision}"
-    if args.use_averaged_model:
+def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> str:
+    """``<method>-epoch-E-avg-A-<precision>[-use-averaged-model][-beam-K][-<streaming tag>][-tail-Ss]``."""
+    tag = f"{cfg.decoding_method}-epoch-{cfg.epoch}-avg-{cfg.avg}-{precision}"
+    if cfg.use_averaged_model:
         tag += "-use-averaged-model"
-    if args.decoding_method in ("modified_beam_search", "ctc_prefix_beam_search"):
-        tag += f"-beam-{args.beam_size}"
+    if cfg.decoding_method in ("modified_beam_search", "ctc_prefix_beam_search"):
+        tag += f"-beam-{cfg.beam_size}"
     if streaming_tag:
         tag += f"-{streaming_tag}"
-    if getattr(args, "tail_padding", 0.0):
-        tag += f"-tail-{args.tail_padding:g}s"
+    if cfg.tail_padding:
+        tag += f"-tail-{cfg.tail_padding:g}s"
     return tag
 
 
-def load_for_decoding(exp_dir: Path | str, args: argparse.Namespace) -> DecodingSetup:
-    """Rebuild the model of ``exp_dir`` (its ``model.json``), load the weights ``args`` name, configure streaming
-    and prepare it for inference under ``args.precision`` on ``args.device``. A ``--decoding-method`` the model has no
-    head for raises :class:`~asrprec.training.experiment.ExperimentError` naming the methods it has
+def load_for_decoding(exp_dir: Path | str, cfg: DecodeConfig, precision: Any) -> DecodingSetup:
+    """Rebuild the model of ``exp_dir`` (its ``model.json``), load the weights ``cfg`` names, configure streaming
+    and prepare it for inference under ``precision`` (a :class:`~asrprec.precision.PrecisionOptions`: its policy and
+    device). A ``--decoding-method`` the model has no head for raises
+    :class:`~asrprec.experiment.ExperimentError` naming the methods it has
     (:func:`asrprec.decoding.check_method`).
 
-    Raises FileNotFoundError / :class:`asrprec.training.experiment.ExperimentError` naming the file and the fix for
+    Raises FileNotFoundError / :class:`asrprec.experiment.ExperimentError` naming the file and the fix for
     a missing folder or an unreadable ``model.json``, and :class:`asrprec.checkpoint.CheckpointError` for the
     checkpoints."""
     from asrprec.checkpoint import load_decoding_weights
     from asrprec.decoding.api import check_method
-    from asrprec.models import build_transducer, configure_streaming
-    from asrprec.precision import get_policy
+    from asrprec.models import configure_streaming
     from asrprec.training.cli import resolve_device
-    from asrprec.training.experiment import ExperimentError, read_model_config
+    from asrprec.experiment import ExperimentError, build_experiment_model
 
     exp_dir = Path(exp_dir)
-    if getattr(args, "tail_padding", 0.0) and not args.streaming:
-        raise ValueError("--tail-padding applies to --streaming decoding (it ends each live stream with silence)")
-    model = build_transducer(**read_model_config(exp_dir))
+    model = build_experiment_model(exp_dir)
     try:  # before loading weights: the method must match the heads the folder's model.json describes
-        check_method(model, args.decoding_method)
+        check_method(model, cfg.decoding_method)
     except ValueError as e:
         raise ExperimentError(f"{exp_dir}: {e}") from None
-    weights = load_decoding_weights(model, exp_dir, args.epoch, args.avg, args.use_averaged_model)
-    streaming_tag = configure_streaming(model, args.chunk_size, args.left_context_frames, args.streaming)
-    policy = get_policy(args.precision, resolve_device(args.device))
+    weights = load_decoding_weights(model, exp_dir, cfg.epoch, cfg.avg, cfg.use_averaged_model)
+    streaming_tag = configure_streaming(model, cfg.chunk_size, cfg.left_context_frames, cfg.streaming)
+    policy = precision.policy(resolve_device(precision.device))
     min_frames = model.min_input_frames
     model = policy.prepare_for_inference(model)
-    streaming = (args.chunk_size, args.left_context_frames) if args.streaming else None
-    return DecodingSetup(model=model, policy=policy, tag=result_tag(args, streaming_tag), weights=weights,
-                         streaming=streaming, min_input_frames=min_frames)
+    if cfg.compile and not cfg.streaming:  # streaming runs streaming_forward, not forward
+        from asrprec.models.compile import compile_model
+
+        compile_model(model, dynamic=cfg.compile_dynamic)
+    streaming = (cfg.chunk_size, cfg.left_context_frames) if cfg.streaming else None
+    return DecodingSetup(model=model, policy=policy, tag=result_tag(cfg, precision.precision, streaming_tag),
+                         weights=weights, streaming=streaming, min_input_frames=min_frames)
 
 
-def with_tail_padding(cuts: Mapping[str, Any], args: argparse.Namespace) -> tuple[dict[str, Any], bool]:
+def with_tail_padding(cuts: Mapping[str, Any], cfg: DecodeConfig) -> tuple[dict[str, Any], bool]:
     """``--tail-padding S``: each split's cuts followed by S seconds of silence (the stream a sherpa-onnx client
     sends), and True: their features must then be computed from the padded audio (on-the-fly features).
     Without it, the cuts unchanged and False."""
-    seconds = getattr(args, "tail_padding", 0.0)
+    seconds = cfg.tail_padding
     if not seconds:
         return dict(cuts), False
     from asrprec.data.features import pad_with_silence
@@ -96,38 +158,36 @@ def with_tail_padding(cuts: Mapping[str, Any], args: argparse.Namespace) -> tupl
 
 
 def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Callable[[Any], Iterable[dict]],
-                  tokenizer, args: argparse.Namespace, exp_dir: Path | str) -> dict[str, dict[str, Any]]:
+                  tokenizer, cfg: DecodeConfig, exp_dir: Path | str) -> dict[str, dict[str, Any]]:
     """Decode each ``{split: CutSet}`` (through ``make_loader(cuts)``) and write its recogs and errs files and the
     WER summary into ``exp_dir``.
 
-    Cuts the encoder cannot take or whose files are missing (``args.validate_data``, :func:`asrprec.data.check_cuts`;
+    Cuts the encoder cannot take or whose files are missing (``cfg.validate_data``, :func:`asrprec.data.check_cuts`;
     a test reference may be empty) and cuts the loader cannot read are left out, counted per reason in the log and
     in the summary (``left_out``, ``left_out_by_reason``), never silently. Returns ``{split: {"wer": ..., "rtfx":
     ..., ...}}`` and prints one line per split.
     """
     from asrprec.data import check_cuts
-    from asrprec.decoding import DecodingOptions, LabelLoopingGreedy, decode_dataset
+    from asrprec.decoding import LabelLoopingGreedy, decode_dataset
     from asrprec.metrics import write_error_stats, write_recogs
 
     exp_dir = Path(exp_dir)
-    options = DecodingOptions(method=args.decoding_method, beam=args.beam_size,
-                              max_sym_per_frame=args.max_sym_per_frame)
+    options = cfg.search()
     tag = setup.tag
     search = None  # label looping keeps its preallocated state (and CUDA graphs) across batches
-    if (args.decoding_method == "greedy_search" and getattr(args, "greedy_method", "frame_looping") == "label_looping"
-            and setup.streaming is None):
+    if cfg.decoding_method == "greedy_search" and cfg.greedy_method == "label_looping" and setup.streaming is None:
         from asrprec.decoding.tdt import is_tdt
         from asrprec.decoding.tdt_label_looping import TdtLabelLoopingGreedy
 
         looping = TdtLabelLoopingGreedy if is_tdt(setup.model) else LabelLoopingGreedy
-        search = looping(setup.model, args.max_sym_per_frame)
+        search = looping(setup.model, cfg.max_sym_per_frame)
     summary = {}
     for split, split_cuts in cuts.items():
-        split_cuts, report = check_cuts(split_cuts, split=split, mode=getattr(args, "validate_data", "fast"),
+        split_cuts, report = check_cuts(split_cuts, split=split, mode=cfg.validate_data,
                                         min_frames=setup.min_input_frames, require_transcript=False)
         results, stats = decode_dataset(setup.model, make_loader(split_cuts), tokenizer, options, setup.policy.device,
                                         streaming=setup.streaming, search=search,
-                                        whole_chunks_only=bool(getattr(args, "tail_padding", 0.0)))
+                                        whole_chunks_only=bool(cfg.tail_padding))
         write_recogs(exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         left_out = report.dropped + stats["unreadable_cuts"]
@@ -137,3 +197,30 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
         print(f"{split}: WER {wer:.2f}% ({tag}); RTFx {stats.get('rtfx', float('nan')):.1f}{note}")
     (exp_dir / f"wer-summary-{tag}.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def decode_from_args(args: Any, *, tokenizer_path: str | Path | Callable[[], str | Path],
+                     load_splits: Callable[[], Mapping[str, Any]], max_duration: float,
+                     on_the_fly_feats: bool = False) -> dict[str, dict[str, Any]]:
+    """A recipe's ``decode.py`` as one call: the model of ``args.exp_dir`` with the weights, search and precision
+    the flags name (:func:`asrprec.training.cli.add_decoding_args`, ``add_precision_args``), decoded on the splits
+    ``load_splits()`` returns, result files written into ``args.exp_dir``.
+
+    Args:
+        args: the parsed flags. tokenizer_path: the sentencepiece model (or a callable giving it, called once the
+            model has loaded, so that a wrong ``--exp-dir`` is reported first).
+        load_splits: ``{split: CutSet}`` to decode. max_duration: seconds of audio per batch.
+        on_the_fly_feats: compute fbank from the audio (always so with ``--tail-padding``).
+    """
+    from asrprec.data import AsrDataModule, DataConfig
+    from asrprec.tokenizer import Tokenizer
+    from asrprec.training.cli import decode_config_from_args, precision_options_from_args, setup_logging
+
+    setup_logging()
+    cfg = decode_config_from_args(args)
+    setup = load_for_decoding(args.exp_dir, cfg, precision_options_from_args(args))
+    print("weights:", setup.weights)
+    tokenizer = Tokenizer(tokenizer_path() if callable(tokenizer_path) else tokenizer_path)
+    cuts, padded = with_tail_padding(load_splits(), cfg)  # --tail-padding: the stream a sherpa-onnx client sends
+    data = AsrDataModule(DataConfig(max_duration=max_duration, on_the_fly_feats=on_the_fly_feats or padded))
+    return decode_splits(setup, cuts, data.test_dataloader, tokenizer, cfg, args.exp_dir)

@@ -217,14 +217,18 @@ class LabelLoopingGreedy:
                 break
 
     def _reset(self, s: LoopState) -> None:
+        self._restart(s)
+        s.labels.copy_(self._argmax(s, s.rows))
+        self._after_labels(s)
+
+    def _restart(self, s: LoopState) -> None:
+        """Every row back on frame 0, with no output and the start context."""
         s.t.zero_()
         s.sym.zero_()
         s.n_out.zero_()
         s.contexts.fill_(self.blank)
         s.dec.copy_(s.dec0)
         torch.lt(s.t, s.lens, out=s.active)
-        s.labels.copy_(self._argmax(s, s.rows))
-        self._after_labels(s)
 
     def _argmax(self, s: LoopState, rows: torch.Tensor) -> torch.Tensor:
         """(N,) argmax of the joiner for ``rows`` at their current frame (clamped for finished rows)."""
@@ -263,17 +267,7 @@ class LabelLoopingGreedy:
     def _emit(self, s: LoopState) -> None:
         """Every active row emits its (non-blank) label at its frame; the decoder advances for those rows; a
         row that reached ``max_sym_per_frame`` labels on its frame moves on; then the next labels are found."""
-        a = s.active
-        col = torch.where(a, s.n_out, s.tokens.shape[1] - 1)[:, None]
-        s.tokens.scatter_(1, col, s.labels[:, None])
-        s.stamps.scatter_(1, col, s.t[:, None])
-        s.n_out.add_(a)
-        rows = self._rows(s, a)
-        emitting = a.index_select(0, rows)[:, None]
-        ctx = s.contexts.index_select(0, rows)
-        ctx = torch.where(emitting, torch.cat([ctx[:, 1:], s.labels.index_select(0, rows)[:, None]], dim=1), ctx)
-        s.contexts.index_copy_(0, rows, ctx)
-        s.dec.index_copy_(0, rows, torch.where(emitting, decoder_step(self.model, ctx), s.dec.index_select(0, rows)))
+        a, rows, _ = self._record_labels(s)
         s.sym.add_(a)
         capped = a & (s.sym >= self.max_sym)
         s.t.add_(capped)
@@ -281,6 +275,24 @@ class LabelLoopingGreedy:
         torch.lt(s.t, s.lens, out=s.active)
         s.labels.index_copy_(0, rows, self._argmax(s, rows))
         self._after_labels(s)
+
+    def _record_labels(self, s: LoopState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every active row appends its label and frame to its output, and the decoder advances for those rows.
+        Returns the active mask (``s.active`` itself), the rows computed (:meth:`_rows`) and which of them emitted."""
+        a = s.active
+        col = torch.where(a, s.n_out, s.tokens.shape[1] - 1)[:, None]
+        s.tokens.scatter_(1, col, s.labels[:, None])
+        s.stamps.scatter_(1, col, s.t[:, None])
+        s.n_out.add_(a)
+        rows = self._rows(s, a)
+        emitting = a.index_select(0, rows)
+        ctx = s.contexts.index_select(0, rows)
+        ctx = torch.where(emitting[:, None], torch.cat([ctx[:, 1:], s.labels.index_select(0, rows)[:, None]], dim=1),
+                          ctx)
+        s.contexts.index_copy_(0, rows, ctx)
+        s.dec.index_copy_(0, rows, torch.where(emitting[:, None], decoder_step(self.model, ctx),
+                                               s.dec.index_select(0, rows)))
+        return a, rows, emitting
 
     # -- CUDA graphs ------------------------------------------------------------------------------
     def _capture(self, s: LoopState) -> tuple | None:

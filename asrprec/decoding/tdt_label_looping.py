@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._common import decoder_step, joint_logits
+from ._common import joint_logits
 from .label_looping import LabelLoopingGreedy, LoopState
 from .tdt import best_token_and_jump, tdt_durations
 
@@ -100,13 +100,8 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
         s.joiner_steps.index_add_(0, rows, (moved & s.active.index_select(0, rows)).long())
 
     def _reset(self, s: TdtLoopState) -> None:
-        s.t.zero_()
-        s.sym.zero_()
-        s.n_out.zero_()
+        self._restart(s)
         s.joiner_steps.zero_()
-        s.contexts.fill_(self.blank)
-        s.dec.copy_(s.dec0)
-        torch.lt(s.t, s.lens, out=s.active)
         labels, jumps = self._predict(s, s.rows)
         s.labels.copy_(labels)
         s.jump.copy_(jumps)
@@ -128,19 +123,7 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
         """Every active row emits its label at its frame; the decoder advances for those rows; each row jumps by
         the label's duration (a duration 0 stays, unless it is the ``max_sym_per_frame``-th label on the frame:
         then one frame on); then the next labels are found."""
-        a = s.active
-        col = torch.where(a, s.n_out, s.tokens.shape[1] - 1)[:, None]
-        s.tokens.scatter_(1, col, s.labels[:, None])
-        s.stamps.scatter_(1, col, s.t[:, None])
-        s.n_out.add_(a)
-        rows = self._rows(s, a)
-        emitting = a.index_select(0, rows)
-        ctx = s.contexts.index_select(0, rows)
-        ctx = torch.where(emitting[:, None], torch.cat([ctx[:, 1:], s.labels.index_select(0, rows)[:, None]], dim=1),
-                          ctx)
-        s.contexts.index_copy_(0, rows, ctx)
-        s.dec.index_copy_(0, rows, torch.where(emitting[:, None], decoder_step(self.model, ctx),
-                                               s.dec.index_select(0, rows)))
+        a, rows, emitting = self._record_labels(s)
         stay = a & (s.jump == 0)
         s.sym.add_(stay)
         capped = stay & (s.sym >= self.max_sym)

@@ -7,7 +7,7 @@ from .exporter import (
     write_tokens,
 )
 from .ctc import ExportedCtcModel, convert_ctc_fp16, export_ctc_offline, export_ctc_streaming, quantize_ctc_int8
-from .experiment import load_experiment_model
+from asrprec.experiment import load_experiment_model
 from .runtime import OnnxCtcOfflineModel, OnnxCtcStreamingModel, OnnxOfflineModel, OnnxStreamingModel, load_onnx_model
 from .wrappers import StreamingLayout
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .exporter import (
     EXPORT_VERSION, _check_offline_chunking, _dim, _ensure_metadata, _EXAMPLE_BATCH, _export_graph, _MAX_BATCH,
-    _num_features, _prepare, write_tokens,
+    _num_features, _prepare, export_streaming_step, write_tokens,
 )
 from .wrappers import OfflineEncoder, StreamingEncoder, StreamingLayout, encoder_family
 
@@ -127,16 +127,8 @@ def export_ctc_streaming(model: nn.Module, tokenizer: Any, out_dir: Path | str, 
     _check_ctc(model)
     out_dir = Path(out_dir)
     layout = StreamingLayout.of(model, chunk_size, left_context_frames)
-    n = _dim("N", min=1, max=_MAX_BATCH)
-    states = layout.init_states(_EXAMPLE_BATCH)
-    names = layout.state_names()
-    x = torch.randn(_EXAMPLE_BATCH, layout.T, _num_features(model))
-    dynamic = ({0: n}, tuple({d: n} for d in layout.state_batch_dims()))
-    path = _export_graph(
-        StreamingEncoder(model, layout, head=CtcLogProbs(model)), (x, *states), out_dir / CTC_MODEL_NAME,
-        ["x", *names], ["log_probs", *[f"new_{s}" for s in names]], dynamic,
-        [{0: "N"}] + [{d: "N"} for d in layout.state_batch_dims()],
-        {**_metadata(model, "streaming"), **layout.metadata()}, opset)
+    path = export_streaming_step(model, layout, StreamingEncoder(model, layout, head=CtcLogProbs(model)),
+                                 out_dir / CTC_MODEL_NAME, "log_probs", _metadata(model, "streaming"), opset)
     tokens = write_tokens(tokenizer, out_dir / "tokens.txt", model.vocab_size)
     return ExportedCtcModel(path, tokens, streaming=True)
 

@@ -308,18 +308,25 @@ def export_streaming(model: nn.Module, tokenizer: Any, out_dir: Path | str, *, c
     model = _prepare(model)
     out_dir = Path(out_dir)
     layout = StreamingLayout.of(model, chunk_size, left_context_frames)
+    encoder_path = export_streaming_step(model, layout, StreamingEncoder(model, layout), out_dir / "encoder.onnx",
+                                         "encoder_out", _common_metadata(model, "streaming encoder"), opset)
+    decoder_path, joiner_path = _export_decoder_joiner(model, out_dir, opset)
+    tokens = write_tokens(tokenizer, out_dir / "tokens.txt", model.decoder.vocab_size)
+    return ExportedModel(encoder_path, decoder_path, joiner_path, tokens, streaming=True)
+
+
+def export_streaming_step(model: nn.Module, layout: StreamingLayout, step: nn.Module, path: Path, output: str,
+                          metadata: dict, opset: Optional[int]) -> Path:
+    """Export one streaming step ``step(x, *states) -> (output, *new states)`` of a causal Zipformer to ``path``:
+    ``x`` (N, ``layout.T``, 80) and the states of ``layout`` with N dynamic, ``metadata`` plus the layout's."""
     n = _dim("N", min=1, max=_MAX_BATCH)
     states = layout.init_states(_EXAMPLE_BATCH)
     names = layout.state_names()
     x = torch.randn(_EXAMPLE_BATCH, layout.T, _num_features(model))
     dynamic = ({0: n}, tuple({d: n} for d in layout.state_batch_dims()))  # forward(x, *states)
-    encoder_path = _export_graph(
-        StreamingEncoder(model, layout), (x, *states), out_dir / "encoder.onnx", ["x", *names],
-        ["encoder_out", *[f"new_{s}" for s in names]], dynamic,
-        [{0: "N"}] + [{d: "N"} for d in layout.state_batch_dims()], {**_common_metadata(model, "streaming encoder"), **layout.metadata()}, opset)
-    decoder_path, joiner_path = _export_decoder_joiner(model, out_dir, opset)
-    tokens = write_tokens(tokenizer, out_dir / "tokens.txt", model.decoder.vocab_size)
-    return ExportedModel(encoder_path, decoder_path, joiner_path, tokens, streaming=True)
+    return _export_graph(step, (x, *states), path, ["x", *names], [output, *[f"new_{s}" for s in names]], dynamic,
+                         [{0: "N"}] + [{d: "N"} for d in layout.state_batch_dims()],
+                         {**metadata, **layout.metadata()}, opset)
 
 
 def quantize_int8(exported: ExportedModel) -> ExportedModel:

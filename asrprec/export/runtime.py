@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -112,13 +112,7 @@ class _DecoderJoiner:
             capped = count >= max_sym_per_frame
             t[rows] += np.where(capped, 1, jumps)
             sym[rows] = np.where(capped, 0, count)
-            rows, tokens = rows[~blank], tokens[~blank]
-            if rows.size == 0:
-                continue
-            for r, k in zip(rows.tolist(), tokens.tolist()):
-                hyps[r].append(int(k))
-            contexts[rows] = np.concatenate([contexts[rows, 1:], tokens[:, None].astype(np.int64)], axis=1)
-            dec[rows] = self.decoder_out(contexts[rows])
+            self._emit(rows[~blank], tokens[~blank], hyps, contexts, dec)
 
     def greedy_frames(self, encoder_out: np.ndarray, lens: np.ndarray, hyps: List[List[int]], contexts: np.ndarray,
                       dec: np.ndarray) -> None:
@@ -132,13 +126,17 @@ class _DecoderJoiner:
             emitted = tokens != self.blank_id
             if self.unk_id is not None:
                 emitted &= tokens != self.unk_id
-            rows, tokens = rows[emitted], tokens[emitted]
-            if rows.size == 0:
-                continue
-            for r, k in zip(rows.tolist(), tokens.tolist()):
-                hyps[r].append(int(k))
-            contexts[rows] = np.concatenate([contexts[rows, 1:], tokens[:, None].astype(np.int64)], axis=1)
-            dec[rows] = self.decoder_out(contexts[rows])
+            self._emit(rows[emitted], tokens[emitted], hyps, contexts, dec)
+
+    def _emit(self, rows: np.ndarray, tokens: np.ndarray, hyps: List[List[int]], contexts: np.ndarray,
+              dec: np.ndarray) -> None:
+        """Append ``tokens`` to the hypotheses of ``rows`` and advance their decoder context and output in place."""
+        if rows.size == 0:
+            return
+        for r, k in zip(rows.tolist(), tokens.tolist()):
+            hyps[r].append(int(k))
+        contexts[rows] = np.concatenate([contexts[rows, 1:], tokens[:, None].astype(np.int64)], axis=1)
+        dec[rows] = self.decoder_out(contexts[rows])
 
 
 class OnnxOfflineModel(_DecoderJoiner):
@@ -238,27 +236,20 @@ class OnnxStreamingModel(_DecoderJoiner):
             return 0
         return -(-(num_frames - self.T) // self.decode_chunk_len)
 
-    def decode(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0) -> List[List[int]]:
-        """Decode a padded batch as streams, each running the steps sherpa-onnx would run for it (whole chunks only).
-
-        The features should be those of the audio a client sends, silence at the end included (sherpa-onnx's
-        examples append 0.66 s; :func:`asrprec.data.features.pad_with_silence` pads cuts so). Without it,
-        ``tail_padding_frames`` appends frames of digital silence (:data:`SILENCE_LOG_MEL`) to the features, close to
-        that but not equal at the last frames of speech. Returns N token-id lists in the input order."""
+    def stream_chunks(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Run the encoder over a padded batch as streams, each for the steps sherpa-onnx would run for it (whole
+        chunks only): yields ``(rows, encoder_out)`` per step, ``rows`` the utterances (input order) still streaming
+        and ``encoder_out`` (len(rows), chunk/2, J) their output for this chunk."""
         feats = _numpy(features, np.float32)
         lens = _numpy(feature_lens, np.int64)
         n = feats.shape[0]
-        total = lens + int(tail_padding_frames)
-        chunks = np.array([self.num_chunks(int(t)) for t in total])
+        chunks = np.array([self.num_chunks(int(t)) for t in lens + int(tail_padding_frames)])
         width = max(int(chunks.max()) * self.decode_chunk_len + self.T, feats.shape[1]) if n else 0
         x = np.full((n, width, feats.shape[2]), SILENCE_LOG_MEL, dtype=np.float32)
         for i in range(n):
             x[i, : lens[i]] = feats[i, : lens[i]]
-        hyps: List[List[int]] = [[] for _ in range(n)]
-        contexts = self.start_contexts(n)
-        dec = self.decoder_out(contexts) if n else None
-        states = self.init_states(n)
-        dims = self.batch_dims()
+        states, dims = self.init_states(n), self.batch_dims()
         for k in range(int(chunks.max()) if n else 0):
             rows = np.nonzero(chunks > k)[0]
             start = k * self.decode_chunk_len
@@ -268,6 +259,20 @@ class OnnxStreamingModel(_DecoderJoiner):
                 index = [slice(None)] * s.ndim
                 index[d] = rows
                 s[tuple(index)] = v
+            yield rows, out
+
+    def decode(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0) -> List[List[int]]:
+        """Decode a padded batch as streams, each running the steps sherpa-onnx would run for it (whole chunks only).
+
+        The features should be those of the audio a client sends, silence at the end included (sherpa-onnx's
+        examples append 0.66 s; :func:`asrprec.data.features.pad_with_silence` pads cuts so). Without it,
+        ``tail_padding_frames`` appends frames of digital silence (:data:`SILENCE_LOG_MEL`) to the features, close to
+        that but not equal at the last frames of speech. Returns N token-id lists in the input order."""
+        n = len(feature_lens)
+        hyps: List[List[int]] = [[] for _ in range(n)]
+        contexts = self.start_contexts(n)
+        dec = self.decoder_out(contexts) if n else None
+        for rows, out in self.stream_chunks(features, feature_lens, tail_padding_frames):
             sub_hyps = [hyps[r] for r in rows]
             sub_ctx, sub_dec = contexts[rows], dec[rows]
             self.greedy_frames(out, np.full(len(rows), out.shape[1]), sub_hyps, sub_ctx, sub_dec)
@@ -325,26 +330,10 @@ class OnnxCtcStreamingModel(OnnxStreamingModel):
     def decode(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0) -> List[List[int]]:
         """Decode a padded batch as streams, whole chunks only (see :meth:`OnnxStreamingModel.decode` for the
         features to pass). Returns N token-id lists in the input order."""
-        feats = _numpy(features, np.float32)
-        lens = _numpy(feature_lens, np.int64)
-        n = feats.shape[0]
-        chunks = np.array([self.num_chunks(int(t)) for t in lens + int(tail_padding_frames)])
-        width = max(int(chunks.max()) * self.decode_chunk_len + self.T, feats.shape[1]) if n else 0
-        x = np.full((n, width, feats.shape[2]), SILENCE_LOG_MEL, dtype=np.float32)
-        for i in range(n):
-            x[i, : lens[i]] = feats[i, : lens[i]]
+        n = len(feature_lens)
         hyps: List[List[int]] = [[] for _ in range(n)]
         prev = [-1] * n
-        states, dims = self.init_states(n), self.batch_dims()
-        for k in range(int(chunks.max()) if n else 0):
-            rows = np.nonzero(chunks > k)[0]
-            start = k * self.decode_chunk_len
-            sub = [np.take(s, rows, axis=d) for s, d in zip(states, dims)]
-            out, new = self.run_encoder(np.ascontiguousarray(x[rows, start: start + self.T]), sub)
-            for s, v, d in zip(states, new, dims):
-                index = [slice(None)] * s.ndim
-                index[d] = rows
-                s[tuple(index)] = v
+        for rows, out in self.stream_chunks(features, feature_lens, tail_padding_frames):
             for j, r in enumerate(rows.tolist()):
                 tokens, prev[r] = _ctc_greedy(out[j], prev[r], self.blank_id)
                 hyps[r] += tokens

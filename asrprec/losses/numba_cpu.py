@@ -47,6 +47,8 @@ from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic, overload
 
+from .kept_grad import fused_rnnt_backend
+
 _KIND_NATIVE, _KIND_F16, _KIND_BF16 = 0, 1, 2
 
 
@@ -90,18 +92,25 @@ def _times_pow2(typingctx, p, n):
 
 
 # 'contract' only (FMA): reassociation would undo the two-part range reduction
+@njit(fastmath={"contract"}, inline="always")
+def _exp_reduced(xc, n):
+    """exp(xc) for xc in [_XLO, _XHI] and n = floor(xc·log2(e) + 0.5) + 128 (≤ 255): xc - (n-128)·ln2 in two
+    parts, the polynomial, and 2^(n-128) spliced into the exponent bits."""
+    nf = _F(n) - _F(128.0)
+    r = xc - nf * _LN2_HI
+    r = r - nf * _LN2_LO
+    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
+    p = (p * r) * r + r + _ONE
+    return _times_pow2(p, n - 128)
+
+
 @njit(fastmath={"contract"}, inline="never")
 def exp32(x):
     xc = x if x > _XLO else _XLO
     xc = xc if xc < _XHI else _XHI
     n = np.int32(xc * _LOG2E + _NOFF)  # = floor(xc·log2(e) + 0.5) + 128
     n = n if n < np.int32(255) else np.int32(255)  # exp(88.72) still finite: n ≤ 127
-    nf = _F(n) - _F(128.0)
-    r = xc - nf * _LN2_HI
-    r = r - nf * _LN2_LO
-    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
-    p = (p * r) * r + r + _ONE
-    y = _times_pow2(p, n - 128)
+    y = _exp_reduced(xc, n)
     y = _ZERO if x < _XLO else y
     y = _INF if x > _XHI else y
     return x if x != x else y
@@ -112,12 +121,7 @@ def exp32_nonpos(x):
     """exp32 for x ≤ 0 or nan (the softmax numerators exp(z - max)): no overflow handling needed."""
     xc = x if x > _XLO else _XLO
     n = np.int32(xc * _LOG2E + _NOFF)  # = floor(xc·log2(e) + 0.5) + 128, in [2, 128]
-    nf = _F(n) - _F(128.0)
-    r = xc - nf * _LN2_HI
-    r = r - nf * _LN2_LO
-    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
-    p = (p * r) * r + r + _ONE
-    y = _times_pow2(p, n - 128)
+    y = _exp_reduced(xc, n)
     y = _ZERO if x < _XLO else y
     return x if x != x else y
 
@@ -203,26 +207,24 @@ def _cast_like_impl(a, x):
     return lambda a, x: np.float64(x)
 
 
-def fexp(x):
-    return math.exp(x)
+def _exp_of_row_dtype(exp_fp32):
+    """A function numba inlines as ``exp_fp32`` for float32 arguments and as libm's exp otherwise (fp64 rows
+    keep libm's exp: the fp64 path is for tests, not speed)."""
+
+    def fn(x):
+        return math.exp(x)
+
+    @overload(fn, inline="always")
+    def _impl(x):
+        if x == types.float32:
+            return lambda x: exp_fp32(x)
+        return lambda x: math.exp(x)
+
+    return fn
 
 
-@overload(fexp, inline="always")
-def _fexp_impl(x):
-    if x == types.float32:
-        return lambda x: exp32(x)
-    return lambda x: math.exp(x)  # fp64 rows keep libm's exp (the fp64 path is for tests, not speed)
-
-
-def fexp_nonpos(x):
-    return math.exp(x)
-
-
-@overload(fexp_nonpos, inline="always")
-def _fexp_nonpos_impl(x):
-    if x == types.float32:
-        return lambda x: exp32_nonpos(x)
-    return lambda x: math.exp(x)
+fexp = _exp_of_row_dtype(exp32)
+fexp_nonpos = _exp_of_row_dtype(exp32_nonpos)
 
 
 @njit(fastmath=_FM, inline="never")
@@ -380,6 +382,18 @@ def exp_shift(row, shift):
         row[v] = fexp(row[v] + shift)
 
 
+@njit(inline="always")
+def store_half(out, b, t, u, start, row, rbits, kind):
+    """out[b, t, u, start + v] = row[v] as fp16 (kind 1) or bf16 bits (``rbits``: row's uint32 view), rounded to
+    nearest even."""
+    if kind == 1:
+        for v in range(row.shape[0]):
+            out[b, t, u, start + v] = f32_to_f16_bits(row[v])
+    else:
+        for v in range(row.shape[0]):
+            out[b, t, u, start + v] = f32_to_bf16_bits(rbits[v])
+
+
 @njit(parallel=True, cache=True)
 def half_gradient(x, kind, targets, tlens, ulens, blank, lse, lb, ly, alpha, beta, ll, lam, clamp, out):
     """Pass 3 for fp16/bf16: the output buffer is 16-bit, too coarse to keep exp(z - max) in, so the
@@ -405,12 +419,7 @@ def half_gradient(x, kind, targets, tlens, ulens, blank, lse, lb, ly, alpha, bet
             shift = _F(math.log(c) - lse[b, t, u]) if c > 0.0 else -_INF
             exp_shift(row, shift)
             finish_row(row, 1.0, blank, gb, targets[b, u] if u < Ub else -1, gl, clamp)
-            if kind == 1:
-                for v in range(V):
-                    out[b, t, u, v] = f32_to_f16_bits(row[v])
-            else:
-                for v in range(V):
-                    out[b, t, u, v] = f32_to_bf16_bits(rbits[v])
+            store_half(out, b, t, u, 0, row, rbits, kind)
 
 
 @njit(parallel=True, cache=True)
@@ -525,34 +534,9 @@ def numba_cpu_forward(
     return -(1.0 + fastemit_lambda) * ll, grad
 
 
-class _NumbaRNNT(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda):
-        costs, grad = numba_cpu_forward(
-            logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda, ctx.needs_input_grad[0]
-        )
-        ctx.save_for_backward(grad)
-        return costs.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (grad,) = ctx.saved_tensors
-        # in place: the buffer is used once (a second backward through this node fails torch's
-        # saved-tensor version check instead of silently returning a scaled gradient)
-        _scale_rows_(grad, grad_out)
-        return grad, None, None, None, None, None, None
-
-
-def rnnt_loss_numba(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    logit_lens: torch.Tensor,
-    target_lens: torch.Tensor,
-    *,
-    blank: int = 0,
-    clamp: float | None = None,
-    fastemit_lambda: float = 0.0,
-) -> torch.Tensor:
+rnnt_loss_numba = fused_rnnt_backend(
+    "rnnt_loss_numba",
+    numba_cpu_forward,
     """Per-utterance RNN-T costs on CPU (validated inputs expected).
 
     Args:
@@ -562,20 +546,5 @@ def rnnt_loss_numba(
     Returns:
         (B,) costs, float32 (float64 for fp64 logits). The gradient is computed in forward and kept
         (one buffer of the logits' size and dtype) until backward.
-    """
-    need = logits.requires_grad and torch.is_grad_enabled()
-    if not need:
-        costs, _ = numba_cpu_forward(logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda, False)
-        return costs.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
-    return _NumbaRNNT.apply(logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda)
-
-
-def _scale_rows_(grad: torch.Tensor, grad_out: torch.Tensor) -> None:
-    """grad[b] *= grad_out[b] in place, by Python scalars: a mixed-dtype tensor multiply (fp16 buffer ×
-    fp32 grad_out) would materialise a logits-sized fp32 temporary on CPU."""
-    scales = grad_out.detach().double().tolist()
-    if all(s == 1.0 for s in scales):
-        return
-    for b, s in enumerate(scales):
-        grad[b].mul_(s)
-
+    """,
+)

@@ -33,6 +33,7 @@ runs the same kernels in numba's simulator. On a GPU, torch tensors are handed o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -40,6 +41,7 @@ import os
 import torch
 
 from .._optional import require
+from .kept_grad import fused_rnnt_backend
 
 MAX_THREADS = 1024
 _threads = {"v": 128, "dp": 256}  # block sizes: over V (denominators, gradient) and over u (α, β)
@@ -168,50 +170,105 @@ def _build() -> dict:
         return b + math.log1p(math.exp(a - b))
 
     @cuda.jit(device=True)
-    def decode(c, T, U1):
+    def this_cell(T, U1):
+        """The lattice cell of this block (one block per cell): its flat index c and (b, t, u)."""
+        c = cuda.blockIdx.x
         b = c // (T * U1)
         r = c - b * T * U1
         t = r // U1
-        return b, t, r - t * U1
+        return c, b, t, r - t * U1
 
-    @cuda.jit
-    def denominators(x, kind, p2, targets, tlens, ulens, blank, T, U1, V, lse, lb, ly):
-        c = cuda.blockIdx.x
-        b, t, u = decode(c, T, U1)
-        if t >= tlens[b] or u > ulens[b]:
-            return  # block-uniform: no thread of this block reaches a barrier
+    @cuda.jit(device=True)
+    def this_utterance(tlens, ulens, T, U1):
+        """The utterance of this block (one block per utterance): b, T_b, U_b and its first cell's flat index."""
+        b = cuda.blockIdx.x
+        return b, tlens[b], ulens[b], b * T * U1
+
+    @cuda.jit(device=True)
+    def diagonal(n, Tb, Ub):
+        """The first and last u of anti-diagonal t+u = n inside a T_b x (U_b+1) lattice (threads stride over
+        them, so U+1 may exceed the block size)."""
+        return max(0, n - Tb + 1), min(n, Ub)
+
+    @cuda.jit(device=True)
+    def block_reduce(sm, val, take_max):
+        """Max (``take_max``) or sum of every thread's ``val`` by a tree reduction in the shared array ``sm``
+        (fp32, no warp shuffles, so that it runs in the simulator); every thread gets the result."""
+        tid = cuda.threadIdx.x
+        sm[tid] = val
+        cuda.syncthreads()
+        s = cuda.blockDim.x // 2
+        while s > 0:
+            if tid < s:
+                if take_max:
+                    sm[tid] = max(sm[tid], sm[tid + s])
+                else:
+                    sm[tid] += sm[tid + s]
+            cuda.syncthreads()
+            s //= 2
+        out = sm[0]
+        cuda.syncthreads()  # sm is free for the next reduction
+        return out
+
+    @cuda.jit(device=True)
+    def log_denominator(x, base, V, kind, p2, sm):
+        """log Σ_v exp(x[base + v]) over the V logits of a row, by the whole block (threads stride over V)."""
         tid = cuda.threadIdx.x
         nt = cuda.blockDim.x
-        sm = cuda.shared.array(MAX_THREADS, float32)
-        base = c * V
         m = NEG_INF
         for v in range(tid, V, nt):
             m = max(m, read(x, base + v, kind, p2))
-        sm[tid] = m
-        cuda.syncthreads()
-        s = nt // 2
-        while s > 0:
-            if tid < s:
-                sm[tid] = max(sm[tid], sm[tid + s])
-            cuda.syncthreads()
-            s //= 2
-        m = sm[0]
-        cuda.syncthreads()
-        if m == NEG_INF:
+        m = block_reduce(sm, m, True)
+        if m == NEG_INF:  # a row of -inf logits: avoid inf - inf
             m = ZERO
         acc = ZERO
         for v in range(tid, V, nt):
             acc += math.exp(read(x, base + v, kind, p2) - m)
-        sm[tid] = acc
-        cuda.syncthreads()
-        s = nt // 2
-        while s > 0:
-            if tid < s:
-                sm[tid] += sm[tid + s]
-            cuda.syncthreads()
-            s //= 2
-        if tid == 0:
-            den = m + math.log(sm[0])
+        return m + math.log(block_reduce(sm, acc, False))
+
+    @cuda.jit(device=True)
+    def store(out, i, g, okind):
+        """out[i] = g in the gradient's dtype (okind 2: bf16 bits in an int16 array)."""
+        if okind == 2:
+            out[i] = int16(bf16_bits(g))
+        else:
+            out[i] = g
+
+    @cuda.jit(device=True)
+    def zero_row(out, base, n, okind):
+        """Exact zeros in out[base : base + n] (a padded cell's gradient), threads striding."""
+        for v in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+            if okind == 2:
+                out[base + v] = int16(0)
+            else:
+                out[base + v] = ZERO
+
+    @cuda.jit(device=True)
+    def token_gradient(x, base, v, kind, p2, shift, blank, gb, y, gl):
+        """d cost / d z_v = softmax_v·c - [v = blank]·G_blank - [v = y]·G_label, softmax_v·c = exp(z_v + shift)."""
+        g = math.exp(read(x, base + v, kind, p2) + shift)
+        if v == blank:
+            g -= gb
+        if v == y:
+            g -= gl
+        return g
+
+    @cuda.jit(device=True)
+    def softmax_shift(coef, lse_c):
+        """log(coef) - log-denominator, so that softmax·coef = exp(z + shift) (-inf when coef is 0)."""
+        if coef > ZERO:
+            return math.log(coef) - lse_c
+        return NEG_INF
+
+    @cuda.jit
+    def denominators(x, kind, p2, targets, tlens, ulens, blank, T, U1, V, lse, lb, ly):
+        c, b, t, u = this_cell(T, U1)
+        if t >= tlens[b] or u > ulens[b]:
+            return  # block-uniform: no thread of this block reaches a barrier
+        sm = cuda.shared.array(MAX_THREADS, float32)
+        base = c * V
+        den = log_denominator(x, base, V, kind, p2, sm)
+        if cuda.threadIdx.x == 0:
             lse[c] = den
             lb[c] = read(x, base + blank, kind, p2) - den
             if u < ulens[b]:
@@ -219,19 +276,14 @@ def _build() -> dict:
 
     @cuda.jit
     def alphas(lb, ly, tlens, ulens, T, U1, alpha, ll):
-        b = cuda.blockIdx.x
+        b, Tb, Ub, off = this_utterance(tlens, ulens, T, U1)
         tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
-        Tb = tlens[b]
-        Ub = ulens[b]
-        off = b * T * U1
         if tid == 0:
             alpha[off] = ZERO
         cuda.syncthreads()
         for n in range(1, Tb + Ub):
-            u = max(0, n - Tb + 1) + tid
-            umax = min(n, Ub)
-            while u <= umax:
+            u0, u1 = diagonal(n, Tb, Ub)
+            for u in range(u0 + tid, u1 + 1, cuda.blockDim.x):
                 t = n - u
                 i = off + t * U1 + u
                 if u == 0:
@@ -241,7 +293,6 @@ def _build() -> dict:
                 else:
                     a = logaddexp(alpha[i - U1] + lb[i - U1], alpha[i - 1] + ly[i - 1])
                 alpha[i] = a
-                u += nt
             cuda.syncthreads()
         if tid == 0:
             last = off + (Tb - 1) * U1 + Ub
@@ -249,20 +300,14 @@ def _build() -> dict:
 
     @cuda.jit
     def betas(lb, ly, tlens, ulens, T, U1, beta):
-        b = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
-        Tb = tlens[b]
-        Ub = ulens[b]
-        off = b * T * U1
-        if tid == 0:
+        b, Tb, Ub, off = this_utterance(tlens, ulens, T, U1)
+        if cuda.threadIdx.x == 0:
             last = off + (Tb - 1) * U1 + Ub
             beta[last] = lb[last]
         cuda.syncthreads()
         for n in range(Tb + Ub - 2, -1, -1):
-            u = max(0, n - Tb + 1) + tid
-            umax = min(n, Ub)
-            while u <= umax:
+            u0, u1 = diagonal(n, Tb, Ub)
+            for u in range(u0 + cuda.threadIdx.x, u1 + 1, cuda.blockDim.x):
                 t = n - u
                 i = off + t * U1 + u
                 if t == Tb - 1:
@@ -272,24 +317,16 @@ def _build() -> dict:
                 else:
                     bb = logaddexp(beta[i + U1] + lb[i], beta[i + 1] + ly[i])
                 beta[i] = bb
-                u += nt
             cuda.syncthreads()
 
     @cuda.jit
     def gradient(x, kind, p2, out, okind, targets, tlens, ulens, blank, T, U1, V, lse, lb, ly, alpha, beta, ll, lam, clamp):
-        c = cuda.blockIdx.x
-        b, t, u = decode(c, T, U1)
-        tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
+        c, b, t, u = this_cell(T, U1)
         base = c * V
         Tb = tlens[b]
         Ub = ulens[b]
         if t >= Tb or u > Ub:
-            for v in range(tid, V, nt):
-                if okind == 2:
-                    out[base + v] = int16(0)
-                else:
-                    out[base + v] = ZERO
+            zero_row(out, base, V, okind)
             return
         a = alpha[c]
         L = ll[b]
@@ -303,22 +340,12 @@ def _build() -> dict:
         if u < Ub:
             gl = (ONE + lam) * math.exp(a + ly[c] + beta[c + 1] - L)
             y = targets[b * (U1 - 1) + u]
-        coef = gb + gl
-        shift = NEG_INF
-        if coef > ZERO:
-            shift = math.log(coef) - lse[c]
-        for v in range(tid, V, nt):
-            g = math.exp(read(x, base + v, kind, p2) + shift)
-            if v == blank:
-                g -= gb
-            if v == y:
-                g -= gl
+        shift = softmax_shift(gb + gl, lse[c])
+        for v in range(cuda.threadIdx.x, V, cuda.blockDim.x):
+            g = token_gradient(x, base, v, kind, p2, shift, blank, gb, y, gl)
             if clamp > ZERO:
                 g = min(max(g, -clamp), clamp)
-            if okind == 2:
-                out[base + v] = int16(bf16_bits(g))
-            else:
-                out[base + v] = g
+            store(out, base + v, g, okind)
 
     @cuda.jit
     def probe(a):
@@ -326,7 +353,11 @@ def _build() -> dict:
         if i < a.size:
             a[i] = a[i] * TWO + ONE
 
-    device_functions.update(read=read, bf16_bits=bf16_bits, logaddexp=logaddexp)
+    device_functions.update(
+        read=read, bf16_bits=bf16_bits, logaddexp=logaddexp, this_cell=this_cell, this_utterance=this_utterance,
+        diagonal=diagonal, log_denominator=log_denominator, store=store, zero_row=zero_row,
+        token_gradient=token_gradient, softmax_shift=softmax_shift,
+    )
     return dict(denominators=denominators, alphas=alphas, betas=betas, gradient=gradient, probe=probe, bf16_bits=bf16_bits)
 
 
@@ -370,6 +401,59 @@ def numba_cuda_probe() -> tuple[bool, str]:
     return True, ""
 
 
+def check_logits_dtype(logits: torch.Tensor) -> None:
+    """The kernels read fp32, fp16 and bf16 logits; fp64 is the ``torch`` backend's."""
+    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"numba-cuda takes fp32/fp16/bf16 logits, not {logits.dtype}. Fix: backend='torch' for fp64.")
+
+
+class KernelLaunch:
+    """What every launch of these kernels (and of the TDT kernels) shares: the device check, the contiguous
+    logits, the gradient buffer and the dtype codes, and the hand-over of torch tensors to numba.
+
+    ``arr(tensor)``: a flat array view for a kernel (bf16 as int16 bits): a numpy array in the simulator, a
+    ``cuda.as_cuda_array`` view on a GPU. ``config(grid, block)``: the launch configuration, on torch's current
+    stream on a GPU (the simulator has no streams). ``context``: the device context to launch in.
+    """
+
+    def __init__(self, logits: torch.Tensor, targets: torch.Tensor, need_grad: bool, grad_dtype: torch.dtype | None):
+        self.sim = _sim()
+        if self.sim and logits.device.type != "cpu":
+            raise ValueError("under NUMBA_ENABLE_CUDASIM=1 the numba-cuda backend takes CPU tensors.")
+        if not self.sim and logits.device.type != "cuda":
+            raise ValueError("the numba-cuda backend needs CUDA tensors. Fix: use backend='numba' on CPU.")
+        self.x = logits.detach().contiguous()
+        self.device = dev = self.x.device
+        gdt = grad_dtype or _grad_dtype or self.x.dtype
+        self.grad = torch.empty(self.x.shape, dtype=gdt, device=dev) if need_grad else None
+        self.kind = 2 if self.x.dtype == torch.bfloat16 else 0
+        self.okind = 2 if gdt == torch.bfloat16 else 0
+        self.targets = targets.reshape(-1) if targets.numel() else torch.zeros(1, dtype=torch.int64, device=dev)
+        if self.sim:
+            self._stream, self.context = None, contextlib.nullcontext()
+        else:
+            self._stream = cuda.external_stream(torch.cuda.current_stream(dev).cuda_stream)
+            self.context = cuda.gpus[dev.index]
+
+    def zeros(self, n: int) -> torch.Tensor:
+        """A float32 workspace of n elements on the logits' device."""
+        return torch.zeros(n, dtype=torch.float32, device=self.device)
+
+    def arr(self, tensor: torch.Tensor):
+        flat = tensor.reshape(-1)
+        if flat.dtype == torch.bfloat16:
+            flat = flat.view(torch.int16)
+        return flat.numpy() if self.sim else cuda.as_cuda_array(flat)
+
+    def arrays(self, logit_lens: torch.Tensor, target_lens: torch.Tensor) -> tuple:
+        """(logits, gradient or None, targets, logit_lens, target_lens) as kernel arrays."""
+        grad = self.arr(self.grad) if self.grad is not None else None
+        return self.arr(self.x), grad, self.arr(self.targets), self.arr(logit_lens), self.arr(target_lens)
+
+    def config(self, grid: int, block: int) -> tuple:
+        return (grid, block) if self.sim else (grid, block, self._stream)
+
+
 def numba_cuda_forward(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -382,51 +466,25 @@ def numba_cuda_forward(
     grad_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Costs (B,) fp32 and, if ``need_grad``, the gradient (B, T, U+1, V) (logits' dtype, or ``grad_dtype``)."""
+    check_logits_dtype(logits)
     k = _get_kernels()
-    sim = _sim()
-    if sim and logits.device.type != "cpu":
-        raise ValueError("under NUMBA_ENABLE_CUDASIM=1 the numba-cuda backend takes CPU tensors.")
-    if not sim and logits.device.type != "cuda":
-        raise ValueError("the numba-cuda backend needs CUDA tensors. Fix: use backend='numba' on CPU.")
-    x = logits.detach().contiguous()
-    B, T, U1, V = x.shape
-    dev = x.device
-    f32 = dict(dtype=torch.float32, device=dev)
+    launch = KernelLaunch(logits, targets, need_grad, grad_dtype)
+    B, T, U1, V = launch.x.shape
     n_cells = B * T * U1
-    lse, lb, ly = torch.zeros(n_cells, **f32), torch.zeros(n_cells, **f32), torch.zeros(n_cells, **f32)
-    alpha, beta, ll = torch.zeros(n_cells, **f32), torch.zeros(n_cells, **f32), torch.zeros(B, **f32)
-    gdt = grad_dtype or _grad_dtype or x.dtype
-    grad = torch.empty(x.shape, dtype=gdt, device=dev) if need_grad else None
-    kind = 2 if x.dtype == torch.bfloat16 else 0
-    okind = 2 if gdt == torch.bfloat16 else 0
-    tg = targets.reshape(-1) if targets.numel() else torch.zeros(1, dtype=torch.int64, device=dev)
-
-    def arr(tensor):
-        flat = tensor.reshape(-1)
-        if flat.dtype == torch.bfloat16:
-            flat = flat.view(torch.int16)
-        return flat.numpy() if sim else cuda.as_cuda_array(flat)
-
+    work = [launch.zeros(n_cells) for _ in range(5)] + [launch.zeros(B)]  # lse, lb, ly, alpha, beta, ll
     tv, dp = _threads["v"], _threads["dp"]
-    if sim:
-        cfg = lambda grid, block: (grid, block)  # noqa: E731 - the simulator has no streams
-        ctx = _nullcontext()
-    else:
-        stream = cuda.external_stream(torch.cuda.current_stream(dev).cuda_stream)
-        cfg = lambda grid, block: (grid, block, stream)  # noqa: E731
-        ctx = cuda.gpus[dev.index]
-    with ctx:
+    with launch.context:
         args = kernel_args(
-            arr(x), arr(grad) if need_grad else None, arr(tg), arr(logit_lens), arr(target_lens),
-            arr(_pow2_table(dev)), [arr(a) for a in (lse, lb, ly, alpha, beta, ll)],
-            kind=kind, okind=okind, blank=blank, T=T, U1=U1, V=V, clamp=clamp, fastemit_lambda=fastemit_lambda,
+            *launch.arrays(logit_lens, target_lens), launch.arr(_pow2_table(launch.device)),
+            [launch.arr(a) for a in work], kind=launch.kind, okind=launch.okind, blank=blank, T=T, U1=U1, V=V,
+            clamp=clamp, fastemit_lambda=fastemit_lambda,
         )
-        k["denominators"][cfg(n_cells, tv)](*args["denominators"])
-        k["alphas"][cfg(B, dp)](*args["alphas"])
+        k["denominators"][launch.config(n_cells, tv)](*args["denominators"])
+        k["alphas"][launch.config(B, dp)](*args["alphas"])
         if need_grad:
-            k["betas"][cfg(B, dp)](*args["betas"])
-            k["gradient"][cfg(n_cells, tv)](*args["gradient"])
-    return -(1.0 + fastemit_lambda) * ll, grad
+            k["betas"][launch.config(B, dp)](*args["betas"])
+            k["gradient"][launch.config(n_cells, tv)](*args["gradient"])
+    return -(1.0 + fastemit_lambda) * work[-1], launch.grad
 
 
 def kernel_args(x, grad, targets, logit_lens, target_lens, p2, work, *, kind: int, okind: int, blank: int, T: int,
@@ -460,44 +518,9 @@ def _pow2_table(device: torch.device) -> torch.Tensor:
     return torch.pow(2.0, e - 134).to(device=device, dtype=torch.float32)
 
 
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-class _NumbaCudaRNNT(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda):
-        costs, grad = numba_cuda_forward(
-            logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda, ctx.needs_input_grad[0]
-        )
-        ctx.save_for_backward(grad)
-        ctx.logits_dtype = logits.dtype
-        return costs
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (grad,) = ctx.saved_tensors
-        _scale_rows_(grad, grad_out)  # in place, used once (see numba_cpu)
-        if grad.dtype != ctx.logits_dtype:
-            # fp32-stored gradient: autograd needs the input's dtype; the cast happens after scaling
-            return grad.to(ctx.logits_dtype), None, None, None, None, None, None
-        return grad, None, None, None, None, None, None
-
-
-def rnnt_loss_numba_cuda(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    logit_lens: torch.Tensor,
-    target_lens: torch.Tensor,
-    *,
-    blank: int = 0,
-    clamp: float | None = None,
-    fastemit_lambda: float = 0.0,
-) -> torch.Tensor:
+rnnt_loss_numba_cuda = fused_rnnt_backend(
+    "rnnt_loss_numba_cuda",
+    numba_cuda_forward,
     """Per-utterance RNN-T costs with the numba CUDA kernels (validated inputs expected).
 
     Args:
@@ -506,21 +529,5 @@ def rnnt_loss_numba_cuda(
 
     Returns:
         (B,) float32 costs; the gradient is computed in forward and kept until backward.
-    """
-    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"numba-cuda takes fp32/fp16/bf16 logits, not {logits.dtype}. Fix: backend='torch' for fp64.")
-    need = logits.requires_grad and torch.is_grad_enabled()
-    if not need:
-        return numba_cuda_forward(logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda, False)[0]
-    return _NumbaCudaRNNT.apply(logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda)
-
-
-def _scale_rows_(grad: torch.Tensor, grad_out: torch.Tensor) -> None:
-    """grad[b] *= grad_out[b] in place, by Python scalars: a mixed-dtype tensor multiply (fp16 buffer ×
-    fp32 grad_out) would materialise a logits-sized fp32 temporary on CPU."""
-    scales = grad_out.detach().double().tolist()
-    if all(s == 1.0 for s in scales):
-        return
-    for b, s in enumerate(scales):
-        grad[b].mul_(s)
-
+    """,
+)

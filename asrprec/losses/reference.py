@@ -10,12 +10,14 @@ It is the slow, obviously correct twin of the fast kernels, and the fallback on 
   scaled by (1+λ), the blank one is not, and the returned cost is (1+λ)·NLL.
 * ``clamp`` clamps each utterance's gradient w.r.t. the logits to [-clamp, clamp] *before* it is
   multiplied by the incoming gradient (as torchaudio and NeMo do); the gradient is then computed in
-  forward with autograd and kept for backward.
+  forward with autograd and kept for backward (:mod:`asrprec.losses.kept_grad`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .kept_grad import KeptGradient, cost_dtype
 
 _NEG = -1e30  # finite "log 0": keeps logaddexp's gradient NaN-free in unreachable cells
 
@@ -95,24 +97,14 @@ def _costs(logits, targets, logit_lens, target_lens, blank, fastemit_lambda):
     return nll
 
 
-class _ClampedReference(torch.autograd.Function):
-    """Per-utterance gradient computed in forward, clamped, then scaled by grad_output in backward."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda):
-        with torch.enable_grad():
-            leaf = logits.detach().requires_grad_(True)
-            costs = _costs(leaf, targets, logit_lens, target_lens, blank, fastemit_lambda)
-            # utterances are independent, so d(sum)/d logits[b] is utterance b's own gradient
-            (grad,) = torch.autograd.grad(costs.sum(), leaf)
-        ctx.save_for_backward(grad.clamp_(-clamp, clamp))
-        return costs.detach()
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (grad,) = ctx.saved_tensors
-        g = grad * grad_out.to(grad.dtype).view(-1, 1, 1, 1)
-        return g, None, None, None, None, None, None
+def _clamped_costs_and_grad(logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda, need_grad):
+    """Costs and their gradient w.r.t. the logits by autograd, clamped (for :class:`KeptGradient`)."""
+    with torch.enable_grad():
+        leaf = logits.detach().requires_grad_(True)
+        costs = _costs(leaf, targets, logit_lens, target_lens, blank, fastemit_lambda)
+        # utterances are independent, so d(sum)/d logits[b] is utterance b's own gradient
+        (grad,) = torch.autograd.grad(costs.sum(), leaf)
+    return costs.detach(), grad.clamp_(-clamp, clamp)
 
 
 def rnnt_loss_torch(
@@ -137,9 +129,8 @@ def rnnt_loss_torch(
     Returns:
         (B,) costs, float64 for fp64 logits, else float32; differentiable w.r.t. ``logits``.
     """
-    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     if clamp is not None and logits.requires_grad and torch.is_grad_enabled():
-        costs = _ClampedReference.apply(logits, targets, logit_lens, target_lens, blank, float(clamp), fastemit_lambda)
-    else:
-        costs = _costs(logits, targets, logit_lens, target_lens, blank, fastemit_lambda)
-    return costs.to(out_dtype)
+        return KeptGradient.apply(
+            _clamped_costs_and_grad, False, logits, targets, logit_lens, target_lens, blank, float(clamp), fastemit_lambda
+        )
+    return _costs(logits, targets, logit_lens, target_lens, blank, fastemit_lambda).to(cost_dtype(logits.dtype))

@@ -28,9 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from .api import resolve_backend
-from .validate import validate_rnnt_inputs
-
-_FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+from .validate import check_logits, validate_rnnt_inputs
 
 
 def validate_durations(durations: Sequence[int]) -> tuple[int, ...]:
@@ -86,17 +84,7 @@ def validate_tdt_inputs(
         ValueError: naming the problem and the fix.
     """
     durs = validate_durations(durations)
-    if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}.")
-    if logits.dtype not in _FLOAT_DTYPES:
-        raise ValueError(
-            f"logits must be float64, float32, float16 or bfloat16, got {logits.dtype}. "
-            "Fix: pass the joint network's raw (unnormalised) float output."
-        )
-    if logits.dim() != 4:
-        raise ValueError(
-            f"logits must have shape (B, T, U+1, V+D), got {logits.dim()} dimension(s) {tuple(logits.shape)}."
-        )
+    check_logits(logits, "(B, T, U+1, V+D)")
     B, T, U1, C = logits.shape
     D = len(durs)
     if C <= D:

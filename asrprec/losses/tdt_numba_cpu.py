@@ -34,16 +34,15 @@ from .numba_cpu import (
     _KIND_NATIVE,
     _as_numpy,
     _empty_grad,
-    _scale_rows_,
     _set_threads,
     cell_stats,
     exp_shift,
-    f32_to_bf16_bits,
-    f32_to_f16_bits,
     finish_row,
     half_bits_to_f32,
     load_row,
+    store_half,
 )
+from .kept_grad import fused_tdt_backend
 
 _F = np.float32
 
@@ -264,16 +263,8 @@ def tdt_half_gradient(x, kind, V, targets, durs, tlens, ulens, blank, lse, lb, l
             finish_row(row, 1.0, blank, gb, targets[b, u] if u < Ub else -1, gl, -1.0)
             for j in range(D):
                 dval[j] = math.exp(ld[b, t, u, j]) * c - h[j]
-            if kind == 1:
-                for v in range(V):
-                    out[b, t, u, v] = f32_to_f16_bits(row[v])
-                for j in range(D):
-                    out[b, t, u, V + j] = f32_to_f16_bits(dval[j])
-            else:
-                for v in range(V):
-                    out[b, t, u, v] = f32_to_bf16_bits(rbits[v])
-                for j in range(D):
-                    out[b, t, u, V + j] = f32_to_bf16_bits(dbits[j])
+            store_half(out, b, t, u, 0, row, rbits, kind)
+            store_half(out, b, t, u, V, dval, dbits, kind)
 
 
 def tdt_numba_cpu_forward(
@@ -320,32 +311,9 @@ def tdt_numba_cpu_forward(
     return -torch.from_numpy(ll), grad
 
 
-class _NumbaTDT(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, logit_lens, target_lens, durations, blank, sigma):
-        costs, grad = tdt_numba_cpu_forward(
-            logits, targets, logit_lens, target_lens, durations, blank, sigma, ctx.needs_input_grad[0]
-        )
-        ctx.save_for_backward(grad)
-        return costs.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (grad,) = ctx.saved_tensors
-        _scale_rows_(grad, grad_out)  # in place, used once (see numba_cpu)
-        return grad, None, None, None, None, None, None
-
-
-def tdt_loss_numba(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    logit_lens: torch.Tensor,
-    target_lens: torch.Tensor,
-    *,
-    durations: tuple[int, ...],
-    blank: int = 0,
-    sigma: float = 0.0,
-) -> torch.Tensor:
+tdt_loss_numba = fused_tdt_backend(
+    "tdt_loss_numba",
+    tdt_numba_cpu_forward,
     """Per-utterance TDT costs on CPU (validated inputs expected).
 
     Args:
@@ -355,9 +323,5 @@ def tdt_loss_numba(
     Returns:
         (B,) costs, float32 (float64 for fp64 logits). The gradient is computed in forward and kept (one
         buffer of the logits' size and dtype) until backward.
-    """
-    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    if not (logits.requires_grad and torch.is_grad_enabled()):
-        costs, _ = tdt_numba_cpu_forward(logits, targets, logit_lens, target_lens, durations, blank, sigma, False)
-        return costs.to(out_dtype)
-    return _NumbaTDT.apply(logits, targets, logit_lens, target_lens, durations, blank, sigma)
+    """,
+)

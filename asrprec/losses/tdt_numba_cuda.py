@@ -27,6 +27,7 @@ import math
 import torch
 
 from . import numba_cuda as _rnnt
+from .kept_grad import fused_tdt_backend
 
 cuda = None  # numba.cuda, bound on first use: kernels must see it as a *global* (the simulator swaps it)
 _kernels: dict | None = None
@@ -36,11 +37,12 @@ def _build() -> dict:
     global cuda
     _rnnt._get_kernels()  # builds the shared device functions
     cuda = _rnnt.cuda
-    from numba import float32, int16
+    from numba import float32
 
-    read = _rnnt.device_functions["read"]
-    bf16_bits = _rnnt.device_functions["bf16_bits"]
-    logaddexp = _rnnt.device_functions["logaddexp"]
+    f = _rnnt.device_functions
+    read, logaddexp, this_cell, this_utterance = f["read"], f["logaddexp"], f["this_cell"], f["this_utterance"]
+    diagonal, log_denominator, store, zero_row = f["diagonal"], f["log_denominator"], f["store"], f["zero_row"]
+    token_gradient, softmax_shift = f["token_gradient"], f["softmax_shift"]
     MAX_THREADS = _rnnt.MAX_THREADS
     # fp32 constants only: a Python float literal is typed float64 and drags its arithmetic into fp64
     NEG_INF = float32(-math.inf)
@@ -48,49 +50,18 @@ def _build() -> dict:
 
     @cuda.jit
     def tdt_denominators(x, kind, p2, targets, tlens, ulens, blank, T, U1, V, D, sigma, lse, lb, ly, ld):
-        c = cuda.blockIdx.x
-        b = c // (T * U1)
-        r = c - b * T * U1
-        t = r // U1
-        u = r - t * U1
+        c, b, t, u = this_cell(T, U1)
         if t >= tlens[b] or u > ulens[b]:
             return  # block-uniform: no thread of this block reaches a barrier
-        tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
         sm = cuda.shared.array(MAX_THREADS, float32)
         base = c * (V + D)
-        m = NEG_INF
-        for v in range(tid, V, nt):
-            m = max(m, read(x, base + v, kind, p2))
-        sm[tid] = m
-        cuda.syncthreads()
-        s = nt // 2
-        while s > 0:
-            if tid < s:
-                sm[tid] = max(sm[tid], sm[tid + s])
-            cuda.syncthreads()
-            s //= 2
-        m = sm[0]
-        cuda.syncthreads()
-        if m == NEG_INF:
-            m = ZERO
-        acc = ZERO
-        for v in range(tid, V, nt):
-            acc += math.exp(read(x, base + v, kind, p2) - m)
-        sm[tid] = acc
-        cuda.syncthreads()
-        s = nt // 2
-        while s > 0:
-            if tid < s:
-                sm[tid] += sm[tid + s]
-            cuda.syncthreads()
-            s //= 2
-        if tid == 0:
-            den = m + math.log(sm[0])
+        den = log_denominator(x, base, V, kind, p2, sm)
+        if cuda.threadIdx.x == 0:
             lse[c] = den
             lb[c] = read(x, base + blank, kind, p2) - den - sigma
             if u < ulens[b]:
                 ly[c] = read(x, base + targets[b * (U1 - 1) + u], kind, p2) - den - sigma
+            # the D duration logits: a handful, log-softmaxed by this one thread
             dm = NEG_INF
             for j in range(D):
                 dm = max(dm, read(x, base + V + j, kind, p2))
@@ -105,19 +76,14 @@ def _build() -> dict:
 
     @cuda.jit
     def tdt_alphas(lb, ly, ld, durs, tlens, ulens, T, U1, D, alpha, ll):
-        b = cuda.blockIdx.x
+        b, Tb, Ub, off = this_utterance(tlens, ulens, T, U1)
         tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
-        Tb = tlens[b]
-        Ub = ulens[b]
-        off = b * T * U1
         if tid == 0:
             alpha[off] = ZERO
         cuda.syncthreads()
         for n in range(1, Tb + Ub):
-            u = max(0, n - Tb + 1) + tid
-            umax = min(n, Ub)
-            while u <= umax:
+            u0, u1 = diagonal(n, Tb, Ub)
+            for u in range(u0 + tid, u1 + 1, cuda.blockDim.x):
                 t = n - u
                 i = off + t * U1 + u
                 a = NEG_INF
@@ -130,7 +96,6 @@ def _build() -> dict:
                         if u > 0:
                             a = logaddexp(a, alpha[k - 1] + ly[k - 1] + ld[(k - 1) * D + j])
                 alpha[i] = a
-                u += nt
             cuda.syncthreads()
         if tid == 0:
             total = NEG_INF
@@ -159,16 +124,10 @@ def _build() -> dict:
 
     @cuda.jit
     def tdt_betas(lb, ly, ld, durs, tlens, ulens, T, U1, D, beta):
-        b = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
-        Tb = tlens[b]
-        Ub = ulens[b]
-        off = b * T * U1
+        b, Tb, Ub, off = this_utterance(tlens, ulens, T, U1)
         for n in range(Tb + Ub - 1, -1, -1):
-            u = max(0, n - Tb + 1) + tid
-            umax = min(n, Ub)
-            while u <= umax:
+            u0, u1 = diagonal(n, Tb, Ub)
+            for u in range(u0 + cuda.threadIdx.x, u1 + 1, cuda.blockDim.x):
                 t = n - u
                 i = off + t * U1 + u
                 v = NEG_INF
@@ -183,30 +142,19 @@ def _build() -> dict:
                     if u < Ub and e < Tb:
                         v = logaddexp(v, beta[i + d * U1 + 1] + ly[i] + ld[i * D + j])
                 beta[i] = v
-                u += nt
             cuda.syncthreads()
 
     @cuda.jit
     def tdt_gradient(x, kind, p2, out, okind, targets, durs, tlens, ulens, blank, T, U1, V, D, lse, lb, ly, ld,
                      alpha, beta, ll):
-        c = cuda.blockIdx.x
-        b = c // (T * U1)
-        r = c - b * T * U1
-        t = r // U1
-        u = r - t * U1
-        tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
+        c, b, t, u = this_cell(T, U1)
         C = V + D
         base = c * C
         Tb = tlens[b]
         Ub = ulens[b]
         L = ll[b]
         if t >= Tb or u > Ub or L == NEG_INF:
-            for v in range(tid, C, nt):
-                if okind == 2:
-                    out[base + v] = int16(0)
-                else:
-                    out[base + v] = ZERO
+            zero_row(out, base, C, okind)
             return
         a = alpha[c]
         gb = ZERO
@@ -219,23 +167,14 @@ def _build() -> dict:
         if u < Ub:
             y = targets[b * (U1 - 1) + u]
         coef = gb + gl
-        shift = NEG_INF
-        if coef > ZERO:
-            shift = math.log(coef) - lse[c]
-        for v in range(tid, C, nt):
+        shift = softmax_shift(coef, lse[c])
+        for v in range(cuda.threadIdx.x, C, cuda.blockDim.x):
             if v < V:
-                g = math.exp(read(x, base + v, kind, p2) + shift)
-                if v == blank:
-                    g -= gb
-                if v == y:
-                    g -= gl
+                g = token_gradient(x, base, v, kind, p2, shift, blank, gb, y, gl)
             else:
                 pb, py = arc_posteriors(v - V, t, u, c, Tb, Ub, U1, D, durs, lb, ly, ld, beta, a, L)
                 g = math.exp(ld[c * D + v - V]) * coef - (pb + py)
-            if okind == 2:
-                out[base + v] = int16(bf16_bits(g))
-            else:
-                out[base + v] = g
+            store(out, base + v, g, okind)
 
     return dict(tdt_denominators=tdt_denominators, tdt_alphas=tdt_alphas, tdt_betas=tdt_betas,
                 tdt_gradient=tdt_gradient)
@@ -281,86 +220,34 @@ def tdt_numba_cuda_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Costs (B,) fp32 (+inf when infeasible) and, if ``need_grad``, the gradient (B, T, U+1, V+D) in the
     logits' dtype (or ``grad_dtype``, or the setting of :func:`asrprec.losses.numba_cuda.set_grad_dtype`)."""
+    _rnnt.check_logits_dtype(logits)
     k = _get_kernels()
-    sim = _rnnt._sim()
-    if sim and logits.device.type != "cpu":
-        raise ValueError("under NUMBA_ENABLE_CUDASIM=1 the numba-cuda backend takes CPU tensors.")
-    if not sim and logits.device.type != "cuda":
-        raise ValueError("the numba-cuda backend needs CUDA tensors. Fix: use backend='numba' on CPU.")
-    x = logits.detach().contiguous()
-    B, T, U1, C = x.shape
+    launch = _rnnt.KernelLaunch(logits, targets, need_grad, grad_dtype)
+    B, T, U1, C = launch.x.shape
     D = len(durations)
-    V = C - D
-    dev = x.device
-    f32 = dict(dtype=torch.float32, device=dev)
     n_cells = B * T * U1
-    lse, lb, ly = (torch.zeros(n_cells, **f32) for _ in range(3))
-    ld = torch.zeros(n_cells * D, **f32)
-    alpha, beta, ll = torch.zeros(n_cells, **f32), torch.zeros(n_cells, **f32), torch.zeros(B, **f32)
-    gdt = grad_dtype or _rnnt._grad_dtype or x.dtype
-    grad = torch.empty(x.shape, dtype=gdt, device=dev) if need_grad else None
-    kind = 2 if x.dtype == torch.bfloat16 else 0
-    okind = 2 if gdt == torch.bfloat16 else 0
-    tg = targets.reshape(-1) if targets.numel() else torch.zeros(1, dtype=torch.int64, device=dev)
-    durs = torch.tensor(durations, dtype=torch.int64, device=dev)
-
-    def arr(tensor):
-        flat = tensor.reshape(-1)
-        if flat.dtype == torch.bfloat16:
-            flat = flat.view(torch.int16)
-        return flat.numpy() if sim else cuda.as_cuda_array(flat)
-
+    lse, lb, ly, alpha, beta = (launch.zeros(n_cells) for _ in range(5))
+    work = [lse, lb, ly, launch.zeros(n_cells * D), alpha, beta, launch.zeros(B)]  # ld: (B·T·(U+1), D)
+    durs = torch.tensor(durations, dtype=torch.int64, device=launch.device)
     tv, dp = _rnnt._threads["v"], _rnnt._threads["dp"]
-    if sim:
-        cfg = lambda grid, block: (grid, block)  # noqa: E731 - the simulator has no streams
-        ctx = _rnnt._nullcontext()
-    else:
-        stream = cuda.external_stream(torch.cuda.current_stream(dev).cuda_stream)
-        cfg = lambda grid, block: (grid, block, stream)  # noqa: E731
-        ctx = cuda.gpus[dev.index]
-    with ctx:
+    with launch.context:
+        x, grad, tg, tl, ul = launch.arrays(logit_lens, target_lens)
         args = tdt_kernel_args(
-            arr(x), arr(grad) if need_grad else None, arr(tg), arr(logit_lens), arr(target_lens), arr(durs),
-            arr(_rnnt._pow2_table(dev)), [arr(a) for a in (lse, lb, ly, ld, alpha, beta, ll)],
-            kind=kind, okind=okind, blank=blank, T=T, U1=U1, V=V, D=D, sigma=sigma,
+            x, grad, tg, tl, ul, launch.arr(durs), launch.arr(_rnnt._pow2_table(launch.device)),
+            [launch.arr(a) for a in work], kind=launch.kind, okind=launch.okind, blank=blank, T=T, U1=U1, V=C - D,
+            D=D, sigma=sigma,
         )
-        k["tdt_denominators"][cfg(n_cells, tv)](*args["tdt_denominators"])
-        k["tdt_alphas"][cfg(B, dp)](*args["tdt_alphas"])
+        k["tdt_denominators"][launch.config(n_cells, tv)](*args["tdt_denominators"])
+        k["tdt_alphas"][launch.config(B, dp)](*args["tdt_alphas"])
         if need_grad:
-            k["tdt_betas"][cfg(B, dp)](*args["tdt_betas"])
-            k["tdt_gradient"][cfg(n_cells, tv)](*args["tdt_gradient"])
-    return -ll, grad
+            k["tdt_betas"][launch.config(B, dp)](*args["tdt_betas"])
+            k["tdt_gradient"][launch.config(n_cells, tv)](*args["tdt_gradient"])
+    return -work[-1], launch.grad
 
 
-class _NumbaCudaTDT(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, logit_lens, target_lens, durations, blank, sigma):
-        costs, grad = tdt_numba_cuda_forward(
-            logits, targets, logit_lens, target_lens, durations, blank, sigma, ctx.needs_input_grad[0]
-        )
-        ctx.save_for_backward(grad)
-        ctx.logits_dtype = logits.dtype
-        return costs
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (grad,) = ctx.saved_tensors
-        _rnnt._scale_rows_(grad, grad_out)  # in place, used once (see numba_cpu)
-        if grad.dtype != ctx.logits_dtype:
-            return grad.to(ctx.logits_dtype), None, None, None, None, None, None
-        return grad, None, None, None, None, None, None
-
-
-def tdt_loss_numba_cuda(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    logit_lens: torch.Tensor,
-    target_lens: torch.Tensor,
-    *,
-    durations: tuple[int, ...],
-    blank: int = 0,
-    sigma: float = 0.0,
-) -> torch.Tensor:
+tdt_loss_numba_cuda = fused_tdt_backend(
+    "tdt_loss_numba_cuda",
+    tdt_numba_cuda_forward,
     """Per-utterance TDT costs with the numba CUDA kernels (validated inputs expected).
 
     Args:
@@ -370,9 +257,5 @@ def tdt_loss_numba_cuda(
 
     Returns:
         (B,) float32 costs; the gradient is computed in forward and kept until backward.
-    """
-    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"numba-cuda takes fp32/fp16/bf16 logits, not {logits.dtype}. Fix: backend='torch' for fp64.")
-    if not (logits.requires_grad and torch.is_grad_enabled()):
-        return tdt_numba_cuda_forward(logits, targets, logit_lens, target_lens, durations, blank, sigma, False)[0]
-    return _NumbaCudaTDT.apply(logits, targets, logit_lens, target_lens, durations, blank, sigma)
+    """,
+)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .kept_grad import cost_dtype
 from .reference import gather_logprobs
 
 _NEG = -1e30  # finite "log 0"
@@ -131,4 +132,4 @@ def tdt_loss_torch(
     """
     lb, ly, ld = tdt_logprobs(logits, targets, durations, blank, sigma)
     costs = tdt_nll_from_logprobs(lb, ly, ld, logit_lens, target_lens, durations)
-    return costs.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    return costs.to(cost_dtype(logits.dtype))

@@ -27,6 +27,22 @@ def _check_int_tensor(name: str, x: object, ndim: int, hint: str) -> torch.Tenso
     return x
 
 
+def check_logits(logits: object, layout: str, fix: str = "") -> None:
+    """The checks of a loss's logits: a float tensor (fp64, fp32, fp16 or bf16) of the four dimensions ``layout``
+    names; ``fix`` ends the message of a wrong number of dimensions."""
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}.")
+    if logits.dtype not in _FLOAT_DTYPES:
+        raise ValueError(
+            f"logits must be float64, float32, float16 or bfloat16, got {logits.dtype}. "
+            "Fix: pass the joint network's raw (unnormalised) float output."
+        )
+    if logits.dim() != 4:
+        raise ValueError(
+            f"logits must have shape {layout}, got {logits.dim()} dimension(s) {tuple(logits.shape)}.{fix}"
+        )
+
+
 def validate_rnnt_inputs(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -51,18 +67,10 @@ def validate_rnnt_inputs(
     Raises:
         ValueError: naming the problem and the fix.
     """
-    if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}.")
-    if logits.dtype not in _FLOAT_DTYPES:
-        raise ValueError(
-            f"logits must be float64, float32, float16 or bfloat16, got {logits.dtype}. "
-            "Fix: pass the joint network's raw (unnormalised) float output."
-        )
-    if logits.dim() != 4:
-        raise ValueError(
-            f"logits must have shape (B, T, U+1, V), got {logits.dim()} dimension(s) {tuple(logits.shape)}. "
-            "Fix: the joiner must combine encoder (B, T, D) and predictor (B, U+1, D) outputs into (B, T, U+1, V)."
-        )
+    check_logits(
+        logits, "(B, T, U+1, V)",
+        " Fix: the joiner must combine encoder (B, T, D) and predictor (B, U+1, D) outputs into (B, T, U+1, V).",
+    )
     B, T, U1, V = logits.shape
     targets = _check_int_tensor("targets", targets, 2, "(B, U)")
     logit_lens = _check_int_tensor("logit_lens", logit_lens, 1, "(B,)")

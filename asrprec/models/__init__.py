@@ -8,11 +8,12 @@ from .ctc import CtcConfig
 from .decoder import Decoder
 from .joiner import Joiner
 from .masks import make_pad_mask
+from .options import ModelOptions, build_model
 from .schedule import ScheduledFloat, set_batch_count, warmup_fraction
 from .transducer import LossConfig, Transducer, pruned_loss_scales
 
 __all__ = [
-    "ENCODERS", "CtcConfig", "Decoder", "Joiner", "LossConfig", "ScheduledFloat", "Transducer", "build_encoder",
-    "build_transducer", "configure_streaming", "count_parameters", "make_pad_mask", "pruned_loss_scales",
-    "resolved_encoder_overrides", "set_batch_count", "unwrap_model", "warmup_fraction",
+    "ENCODERS", "CtcConfig", "Decoder", "Joiner", "LossConfig", "ModelOptions", "ScheduledFloat", "Transducer",
+    "build_encoder", "build_model", "build_transducer", "configure_streaming", "count_parameters", "make_pad_mask",
+    "pruned_loss_scales", "resolved_encoder_overrides", "set_batch_count", "unwrap_model", "warmup_fraction",
 ]

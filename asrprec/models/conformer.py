@@ -36,6 +36,7 @@ from asrprec.config import check_config_keys
 from asrprec.models.masks import make_pad_mask
 from asrprec.models.scaling import ActivationBalancer, BasicNorm, DoubleSwish, ScaledConv1d, ScaledLinear
 from asrprec.models.subsampling import MIN_INPUT_FRAMES, Conv2dSubsampling
+from asrprec.models.tracing import check_lengths_in_graph, is_exporting, is_tracing
 from asrprec.precision.islands import autocast_dtype, fp32_island
 
 __all__ = [
@@ -238,13 +239,17 @@ class ConformerLayer(nn.Module):
         self.norm_final = BasicNorm(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def bypass_alpha(self, warmup: float) -> float:
-        """The weight of the layer's own output for this call (1.0 in eval mode)."""
+    def bypass_alpha(self, warmup: float) -> float | Tensor:
+        """The weight of the layer's own output for this call (1.0 in eval mode); while tracing, a 0-dim tensor
+        from the same draw (no ``.item()`` in the graph)."""
         if not self.training:
             return 1.0
         warmup_scale = min(0.1 + warmup, 1.0)
-        keep = float(torch.rand((), device="cpu")) <= 1.0 - self.layer_dropout
-        return warmup_scale if keep else 0.1
+        draw = torch.rand((), device="cpu")
+        if is_tracing():
+            keep = draw.to(torch.float64) <= 1.0 - self.layer_dropout
+            return torch.where(keep, warmup_scale, 0.1).to(torch.float64)
+        return warmup_scale if float(draw) <= 1.0 - self.layer_dropout else 0.1
 
     def forward(self, x: Tensor, pos_emb: Tensor, pad_mask: Tensor | None = None, warmup: float = 1.0) -> Tensor:
         x_orig = x
@@ -254,7 +259,9 @@ class ConformerLayer(nn.Module):
         x = x + self.dropout(self.conv_module(x, pad_mask))
         x = x + self.dropout(self.feed_forward(x))
         x = self.norm_final(self.balancer(x))
-        if alpha != 1.0:
+        if isinstance(alpha, Tensor):  # traced: always mix (alpha = 1 gives x exactly)
+            x = alpha * x + (1.0 - alpha) * x_orig
+        elif alpha != 1.0:
             x = alpha * x + (1.0 - alpha) * x_orig
         return x
 
@@ -372,7 +379,12 @@ class ConformerEncoder(nn.Module):
         if feature_lens.is_floating_point():
             raise ValueError(f"feature_lens must be an integer tensor, got {feature_lens.dtype}")
         T = features.shape[1]
-        lo, hi = int(feature_lens.min()), int(feature_lens.max())
+        # reading the lengths in Python would break a compiled graph: it asserts them in the graph instead
+        if is_tracing() and not is_exporting():
+            check_lengths_in_graph(feature_lens, MIN_INPUT_FRAMES, T)
+            lo, hi = MIN_INPUT_FRAMES, T
+        else:
+            lo, hi = int(feature_lens.min()), int(feature_lens.max())
         if lo < MIN_INPUT_FRAMES or hi > T:
             raise ValueError(
                 f"feature_lens must lie in [{MIN_INPUT_FRAMES}, T={T}] (the front-end needs >= {MIN_INPUT_FRAMES} "

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asrprec.models.tracing import is_tracing
 from asrprec.precision.islands import fp32_island, upcast
 
 __all__ = [
@@ -228,7 +229,7 @@ class _ActivationBalancerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, channel_dim: int, min_positive: float, max_positive: float,
-                max_factor: float, min_abs: float, max_abs: float) -> Tensor:
+                max_factor: float, min_abs: float, max_abs: float, scale: Tensor | None = None) -> Tensor:
         with fp32_island():
             xf = upcast(x.detach())
             sum_dims = [d for d in range(x.ndim) if d != channel_dim]
@@ -243,6 +244,8 @@ class _ActivationBalancerFunction(torch.autograd.Function):
             # magnitude constraint: +1 where mean|x| is too small (grow |x|), -1 where too large.
             mean_abs = xf.abs().mean(dim=sum_dims, keepdim=True)
             direction = (mean_abs < min_abs).to(xf.dtype) - (mean_abs > max_abs).to(xf.dtype)
+            if scale is not None:  # traced: the draw as a 0/1 factor
+                factor, direction = factor * scale, direction * scale
         ctx.save_for_backward(x_pos, factor, direction)
         ctx.max_factor = max_factor
         # Return a new tensor object (a view), as autograd.Function outputs must not alias un-tracked inputs.
@@ -256,7 +259,7 @@ class _ActivationBalancerFunction(torch.autograd.Function):
             # sign of x times direction: moves positive values up and negative values down when |x| must grow.
             magnitude = direction * (x_pos.to(g.dtype) * 2.0 - 1.0) * ctx.max_factor
             new_grad = g - g.abs() * (factor + magnitude)
-        return new_grad.to(grad.dtype), None, None, None, None, None, None
+        return new_grad.to(grad.dtype), None, None, None, None, None, None, None
 
 
 class ActivationBalancer(nn.Module):
@@ -309,9 +312,17 @@ class ActivationBalancer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not (self.training and x.requires_grad and torch.is_grad_enabled()) or self.prob <= 0.0:
             return x
-        if self.prob < 1.0 and float(torch.rand((), device="cpu")) >= self.prob:
-            return x
         channel_dim = self.channel_dim % x.ndim
+        if self.prob < 1.0:
+            draw = torch.rand((), device="cpu")
+            if is_tracing():
+                # no branch on the draw in a graph: always attach the function, with the correction scaled by the
+                # draw (0 leaves the gradient exactly as it is)
+                scale = (draw.to(torch.float64) < self.prob).to(torch.float32)
+                return _ActivationBalancerFunction.apply(x, channel_dim, self.min_positive, self.max_positive,
+                                                         self.max_factor, self.min_abs, self.max_abs, scale)
+            if float(draw) >= self.prob:
+                return x
         return _ActivationBalancerFunction.apply(x, channel_dim, self.min_positive, self.max_positive,
                                                  self.max_factor, self.min_abs, self.max_abs)
 

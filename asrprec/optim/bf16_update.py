@@ -68,6 +68,15 @@ def stochastic_round(x: Tensor, generator: Optional[torch.Generator] = None) -> 
     return torch.where(torch.isfinite(x), out, x.to(torch.bfloat16))
 
 
+
+def closure_loss(closure) -> Any:
+    """``torch.optim.Optimizer.step``'s closure convention: the loss it returns, evaluated with gradients on (None
+    without a closure)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
 class Bf16Update:
     """How an optimizer writes an fp32-computed value into a bf16 tensor (weights, and bf16-stored moments).
 
@@ -237,10 +246,7 @@ class AdamWBf16(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         u = self.update
         for group in self.param_groups:
             lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from .bf16_update import STATE_KEY, Bf16Update, load_state_keeping_dtypes
+from .bf16_update import STATE_KEY, Bf16Update, closure_loss, load_state_keeping_dtypes
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +167,7 @@ class ScaledAdam(Optimizer):
     # ---- step -------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         todo: List[Tuple[dict, Tensor, Tensor, dict]] = []
         for group in self.param_groups:
             for p in group["params"]:

@@ -10,11 +10,12 @@ from .policy import (
     effective_dtypes,
     get_policy,
 )
+from .options import PrecisionOptions
 from .scaler import GradScaleCollapse, LossScaler, NoOpScaler, nonfinite_grad_modules
 
 __all__ = [
     "POLICIES", "Capabilities", "GradScaleCollapse", "LossScaler", "MasterWeightOptimizer", "NoOpScaler",
-    "PrecisionPolicy", "UnsupportedPrecisionError", "autocast_dtype", "compute_dtype", "effective_dtypes",
-    "fp32_island", "get_policy", "is_kept_fp32", "keep_fp32", "nonfinite_grad_modules", "probe", "upcast",
-    "upcast_dtype",
+    "PrecisionOptions", "PrecisionPolicy", "UnsupportedPrecisionError", "autocast_dtype", "compute_dtype",
+    "effective_dtypes", "fp32_island", "get_policy", "is_kept_fp32", "keep_fp32", "nonfinite_grad_modules", "probe",
+    "upcast", "upcast_dtype",
 ]

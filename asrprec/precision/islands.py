@@ -94,6 +94,19 @@ class _AutocastOff:
         return False
 
 
+def _autocast_off() -> Any:
+    """:class:`_AutocastOff`, or while ``torch.compile`` traces, the native context it amounts to: dynamo follows
+    ``with torch.autocast(...)`` blocks but not a context entered by hand (a graph break per island)."""
+    if not torch.compiler.is_compiling():
+        return _AutocastOff()
+    on = [dev for dev in AUTOCAST_DEVICES if torch.is_autocast_enabled(dev)]
+    if not on:
+        return contextlib.nullcontext()
+    if len(on) == 1:
+        return torch.autocast(device_type=on[0], enabled=False)
+    return _AutocastOff()
+
+
 def _to_fp32(x: Any) -> Any:
     if isinstance(x, torch.Tensor) and x.is_floating_point():
         return upcast(x)
@@ -140,7 +153,7 @@ class _Island(contextlib.ContextDecorator):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             in_dtype = _first_float_dtype(args, kwargs)
-            with _AutocastOff():
+            with _autocast_off():
                 out = fn(*_to_fp32(args), **{k: _to_fp32(v) for k, v in kwargs.items()})
             if output == "input" and in_dtype is not None:
                 out = _cast_floats(out, in_dtype)
@@ -166,6 +179,8 @@ def fp32_island(fn: Callable | None = None, *, output: str = "fp32"):
     island = _Island(output=output)
     if fn is not None:
         return island(fn)
+    if torch.compiler.is_compiling():
+        return _autocast_off()
     return island
 
 

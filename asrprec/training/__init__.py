@@ -14,9 +14,10 @@ from .distributed import (
 from asrprec.optim.factories import optimizer_from_config, scheduler_from_config
 from asrprec.rng import seed_everything
 
-from .experiment import ExperimentError, prepare_experiment, read_model_config
+from asrprec.experiment import ExperimentError, prepare_experiment, read_model_config
 from .forward import compute_loss, pad_targets
 from .loop import train, validate
+from .recipe import train_from_args
 from .preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 from .resume import ResumeMismatchError, TrainState
 from .skips import TooManySkippedBatches
@@ -25,5 +26,5 @@ __all__ = [
     "PREEMPTED_EXIT_CODE", "DistributedEnv", "ExperimentError", "RankFailedError", "ResumeMismatchError", "TooManySkippedBatches",
     "TrainConfig", "TrainState", "TrainingPreempted", "compute_loss", "get_rank", "get_world_size", "is_main_process",
     "optimizer_from_config", "pad_targets", "prepare_experiment", "read_model_config", "scheduler_from_config",
-    "seed_everything", "setup_distributed", "teardown_distributed", "train", "validate",
+    "seed_everything", "setup_distributed", "teardown_distributed", "train", "train_from_args", "validate",
 ]

@@ -63,6 +63,15 @@ class TrainConfig:
         "auto", choices=SCAN_OOM_MODES,
         help="before the first epoch, run forward+backward on the riskiest batches (longest cut, most audio, most "
              "cuts ...) so a --max-duration that does not fit fails at once with the fix; auto = on CUDA only")
+    compile: bool = option(
+        False, help="torch.compile the encoder (inductor) in place: every precision policy, DDP and checkpoints as "
+                    "without it; the same losses as an eager run. Pays on runs longer than the compile time "
+                    "(docs/compile.md)")
+    compile_dynamic: bool = option(
+        True, help="with --compile: symbolic (B, T) from the first batch, one graph for every shape the bucketing "
+                   "sampler makes; off = torch's default, a static graph first and a dynamic one at the first new "
+                   "shape")
+    compile_joiner: bool = option(False, help="with --compile: also compile the joiner (the loss's logits)")
     preempt_signals: tuple[str, ...] = option(
         ("SIGTERM", "SIGUSR1"), metavar="SIG,SIG,...",
         help="on one of these signals (SLURM --signal, Kubernetes before it kills a pod) every rank stops at the next "

@@ -32,6 +32,7 @@ from torch import nn
 
 from asrprec import checkpoint as ckpt
 from asrprec.models import set_batch_count, unwrap_model
+from asrprec.models.compile import compile_model, compiled_graph_count
 from asrprec.optim.factories import optimizer_from_config, scheduler_from_config
 from asrprec.precision import PrecisionPolicy
 from asrprec.rng import preserved_rng, seed_everything, set_rng_state
@@ -49,7 +50,7 @@ from .distributed import (
     raise_failure,
     wrap_model,
 )
-from .experiment import ExperimentError, append_history, prepare_experiment, record_run_start
+from asrprec.experiment import ExperimentError, append_history, prepare_experiment, record_run_start
 from .forward import compute_loss
 from .oom import (
     describe_batch,
@@ -437,7 +438,7 @@ def train(
     is shuffled per epoch and resumed mid-epoch without reading the skipped batches' data. Checkpoints go to
     ``cfg.exp_dir`` as ``epoch-N.pt`` (and ``checkpoint-<batch>.pt`` with ``save_every_n``); ``--avg`` decoding
     averages the last N epoch files. ``model_config`` (a recipe's builder arguments) is recorded as
-    ``model.json``; a resume with another architecture is refused (:mod:`asrprec.training.experiment`).
+    ``model.json``; a resume with another architecture is refused (:mod:`asrprec.experiment`).
 
     Under an initialised process group (torchrun + :func:`~asrprec.training.distributed.setup_distributed`)
     every rank calls this with its own shard in ``train_dl`` / ``valid_dl`` (a lhotse sampler built for
@@ -464,6 +465,9 @@ def train(
         # before DDP: a backward pass through the bare model of a DDP wrapper leaves DDP's record of the
         # parameters used in the step wrong, and its first step then fails
         scan_on_every_rank(model, train_dl, tokenizer, policy, encoder_schedule_scale=cfg.encoder_schedule_scale)
+    if cfg.compile:  # in place, before DDP: DDP wraps the model that holds the compiled encoder
+        compile_model(model, parts=("encoder", "joiner") if cfg.compile_joiner else ("encoder",),
+                      dynamic="true" if cfg.compile_dynamic else "auto")
     # DDP after the cast (it broadcasts and hooks the parameters as they are) and before the optimizer (the
     # bf16 master weights copy rank 0's broadcast values)
     model = wrap_model(model, policy.device)
@@ -531,6 +535,8 @@ def train(
             stats["dropped_cuts_by_reason"] = dropped_cut_totals(state.progress, duration_drops)
             _end_epoch(stats=stats, model=model, policy=policy, tokenizer=tokenizer, valid_dl=valid_dl, cfg=cfg,
                        state=state, writer=writer, save=save)
+            if cfg.compile:  # a count that grows every epoch means shapes or schedules recompile the graph
+                logging.info("torch.compile: %d graphs compiled by the end of epoch %d", compiled_graph_count(), epoch)
             if epoch < cfg.num_epochs and (ranks := preempted_ranks(watch)):  # a signal during the epoch's end
                 stop_for_preemption(watch, ranks, exp_dir=cfg.exp_dir, epoch=epoch,
                                     batch_idx_train=state.batch_idx_train, batches_done=state.progress.batches_done,

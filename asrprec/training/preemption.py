@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 from asrprec import checkpoint as ckpt
 
 from .distributed import barrier, flags_by_rank, get_rank, is_main_process
-from .experiment import append_history
+from asrprec.experiment import append_history
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ prepares a batch; together, a resumed run sees the same batches and random numbe
 
 The loop's counters live in :class:`TrainState`; :func:`checkpoint_extra` is what a checkpoint records of them
 and :func:`restore` loads a checkpoint back into the training objects and the state. Which checkpoint a run
-resumes from is a rule of the experiment folder (:func:`asrprec.training.experiment.resolve_resume`).
+resumes from is a rule of the experiment folder (:func:`asrprec.experiment.resolve_resume`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from asrprec.rng import get_rng_state
 
 from .config import TrainConfig
 from .distributed import gather_objects, get_rank, get_world_size, sum_over_ranks, summed_counts
-from .experiment import read_history
+from asrprec.experiment import read_history
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from asrprec import checkpoint as ckpt
 
 from .distributed import barrier, gather_objects, is_main_process, summed_counts
-from .experiment import append_history
+from asrprec.experiment import append_history
 from .resume import EpochProgress
 
 log = logging.getLogger(__name__)

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import torch
 
-from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
-from asrprec.decoding.experiment import decode_splits, load_for_decoding, with_tail_padding
-from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import add_decoding_args, add_precision_args, run_main, setup_logging
+from asrprec.data import load_fbank_cuts
+from asrprec.decoding.experiment import decode_from_args
+from asrprec.training.cli import add_decoding_args, add_precision_args, run_main
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,14 +46,8 @@ def get_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = get_parser().parse_args()
-    setup_logging()
-    setup = load_for_decoding(args.exp_dir, args)
-    print("weights:", setup.weights)
-    tokenizer = Tokenizer(args.data_dir / "bpe.model")
-    cuts = load_fbank_cuts(args.data_dir, splits=tuple(args.splits))  # only the splits decoded
-    cuts, padded = with_tail_padding(cuts, args)  # --tail-padding: the stream a sherpa-onnx client sends
-    data = AsrDataModule(DataConfig(max_duration=args.max_duration, on_the_fly_feats=padded))
-    decode_splits(setup, cuts, data.test_dataloader, tokenizer, args, args.exp_dir)
+    decode_from_args(args, tokenizer_path=args.data_dir / "bpe.model", max_duration=args.max_duration,
+                     load_splits=lambda: load_fbank_cuts(args.data_dir, splits=tuple(args.splits)))
 
 
 if __name__ == "__main__":

@@ -21,13 +21,12 @@ model.onnx in the same folder.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from asrprec.config import add_dataclass_args, dataclass_from_args
 from asrprec.export.cli import ExportConfig, export_experiment
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import setup_logging
+from asrprec.training.cli import run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,7 +45,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (FileNotFoundError, ValueError, ImportError) as e:
-        sys.exit(f"error: {e}")
+    run_main(main, "export.py", also=(ValueError, ImportError))  # ImportError: names the pip extra to install

@@ -13,13 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from asrprec.data import AsrDataModule, load_fbank_cuts
-from asrprec.tokenizer import Tokenizer
-from asrprec.training import get_rank, prepare_experiment, train
+from asrprec.data import load_fbank_cuts
+from asrprec.training import train_from_args
 from asrprec.training.cli import (
-    add_data_args, add_data_check_args, add_model_args, add_precision_args, add_training_args, announce,
-    begin_training, build_model_from_args, check_splits, data_config_from_args, data_spec_augment, policy_from_args,
-    run_main,
+    add_data_args, add_data_check_args, add_model_args, add_precision_args, add_training_args, run_main,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -61,22 +58,11 @@ def get_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = get_parser().parse_args()
-    cfg = begin_training(args)  # torchrun's process group (if any), config, log, threads, seed
-    tokenizer = Tokenizer(args.data_dir / "bpe.model")
-    model, model_config = build_model_from_args(args, tokenizer, model_warmup_batches=args.model_warmup_batches)
-    # refuse a folder holding another run, or a resume with another model, before loading the data
-    prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
-    cuts, checks = check_splits(load_fbank_cuts(args.data_dir, splits=("train", "dev")), args, tokenizer,
-                                model.min_input_frames)
-    spec_augment = data_spec_augment(args, args.spec_augment)  # off under --use-cr-ctc: the model masks its views
-    data = AsrDataModule(data_config_from_args(args, spec_augment=spec_augment))
-    policy = policy_from_args(args)
-    announce(args, model, policy)
-    train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
-          valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
-          config_for_checkpoint={"data": {"data_dir": str(args.data_dir), "max_duration": args.max_duration,
-                                          "num_workers": args.num_workers, "spec_augment": spec_augment,
-                                          "checks": checks}})
+    train_from_args(args, tokenizer_path=args.data_dir / "bpe.model",
+                    load_splits=lambda: load_fbank_cuts(args.data_dir, splits=("train", "dev")),
+                    data_record={"data_dir": str(args.data_dir), "max_duration": args.max_duration,
+                                 "num_workers": args.num_workers},
+                    model_warmup_batches=args.model_warmup_batches)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import torch
 
-from asrprec.data import AsrDataModule, DataConfig, load_cuts
+from asrprec.data import load_cuts
 from asrprec.data.corpora import LIBRISPEECH_DEV_PARTS, LIBRISPEECH_TEST_PARTS, PreparedData
-from asrprec.decoding.experiment import decode_splits, load_for_decoding, with_tail_padding
-from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import add_decoding_args, add_precision_args, run_main, setup_logging
+from asrprec.decoding.experiment import decode_from_args
+from asrprec.training.cli import add_decoding_args, add_precision_args, run_main
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,17 +48,12 @@ def get_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = get_parser().parse_args()
-    setup_logging()
-    setup = load_for_decoding(args.exp_dir, args)
-    print("weights:", setup.weights)
     data = PreparedData(args.data_dir)
-    tokenizer = Tokenizer(args.bpe_model or data.tokenizer_model(args.vocab_size))
-    cuts = {split: load_cuts(data.cuts(split, features=not args.on_the_fly_feats), lazy=False,
-                             hint="run python recipes/librispeech/prepare.py") for split in args.splits}
-    cuts, padded = with_tail_padding(cuts, args)  # --tail-padding: the stream a sherpa-onnx client sends
-    loaders = AsrDataModule(DataConfig(max_duration=args.max_duration,
-                                       on_the_fly_feats=args.on_the_fly_feats or padded))
-    decode_splits(setup, cuts, loaders.test_dataloader, tokenizer, args, args.exp_dir)
+    decode_from_args(
+        args, tokenizer_path=lambda: args.bpe_model or data.tokenizer_model(args.vocab_size),
+        load_splits=lambda: {split: load_cuts(data.cuts(split, features=not args.on_the_fly_feats), lazy=False,
+                                              hint="run python recipes/librispeech/prepare.py") for split in args.splits},
+        max_duration=args.max_duration, on_the_fly_feats=args.on_the_fly_feats)
 
 
 if __name__ == "__main__":

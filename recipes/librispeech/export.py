@@ -14,23 +14,20 @@ A causal Zipformer (trained with --causal) exports as a streaming model at one t
 The files land in --out-dir (default: a folder in --exp-dir named after the weights); --int8 and --fp16 add those
 variants of each file. sherpa-onnx runs them directly.
 
-A model trained with --use-ctc: a CTC-only model (--use-transducer false) writes model.onnx and tokens.txt for
-sherpa-onnx's zipformer CTC recognisers (OfflineRecognizer.from_zipformer_ctc, or with --streaming
-OnlineRecognizer.from_zipformer2_ctc); a hybrid writes its transducer as above and, with --ctc, also its CTC head as
-model.onnx in the same folder.
+CTC-only and hybrid models (--use-ctc) export as in recipes/espeak/export.py: model.onnx for sherpa-onnx's zipformer
+CTC recognisers (--ctc adds a hybrid's CTC head).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from asrprec.config import add_dataclass_args, dataclass_from_args
 from asrprec.data.corpora import PreparedData
 from asrprec.export.cli import ExportConfig, export_experiment
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import setup_logging
+from asrprec.training.cli import run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 
@@ -53,7 +50,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (FileNotFoundError, ValueError, ImportError) as e:
-        sys.exit(f"error: {e}")
+    run_main(main, "export.py", also=(ValueError, ImportError))  # ImportError: names the pip extra to install

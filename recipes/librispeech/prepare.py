@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Prepare LibriSpeech (100 h or 960 h) and MUSAN for train.py / decode.py, in stages as icefall's prepare.sh:
 
-    0  download LibriSpeech and MUSAN (lhotse's downloaders; parts already in --corpus-dir are not downloaded)
+    0  download LibriSpeech and MUSAN from OpenSLR (parts already in --corpus-dir are not downloaded); a download
+       resumes where an earlier one stopped, and an archive is unpacked only once its size and MD5 are verified
     1  manifests (lhotse's prepare_librispeech and prepare_musan)
     2  3x speed perturbation (0.9, 1.1) of the training parts; cuts with audio for on-the-fly features
     3  80-dim fbank of every part (lhotse Fbank, LilcomChunkyWriter), computed in chunks from lazy manifests
@@ -11,11 +12,14 @@
     python recipes/librispeech/prepare.py --subset 960h --corpus-dir /data/corpora
     python recipes/librispeech/prepare.py --subset 100h --stage 1 --stop-stage 5 --num-jobs 16
 
-Every stage skips the outputs it finds (rerun after an interruption to continue). With --on-the-fly-feats in
-train.py, stages 3 and 4's LibriSpeech fbank are not needed (stage 4 still makes the MUSAN cuts). Outputs go
-to --data-dir (manifests/, fbank/, lang_bpe_<vocab-size>/); the layout is asrprec.data.corpora.PreparedData.
-Errors a user can fix (a corpus that is missing or cannot be downloaded, a malformed transcript line, MUSAN
-recordings too short for the noise windows, a vocabulary too large) end the program with one line naming the fix.
+A stage skips the outputs it finds only when they were made from the same inputs and flags and are complete (the
+record <output>.done.json that stages 1-3 write last says so; MUSAN's manifests are compared with its audio, the
+tokenizer with its transcripts); otherwise it makes them again, so a rerun continues after an interruption and
+follows a changed corpus. With --on-the-fly-feats in train.py, stages 3 and 4's LibriSpeech fbank are not needed
+(stage 4 still makes the MUSAN cuts). Outputs go to --data-dir (manifests/, fbank/, lang_bpe_<vocab-size>/); the
+layout is asrprec.data.corpora.PreparedData. Errors a user can fix (a corpus that is missing or cannot be
+downloaded, a damaged download, a malformed transcript line, MUSAN recordings too short for the noise windows, a
+vocabulary too large) end the program with one line naming the fix.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from pathlib import Path
 
 from asrprec.data import compute_fbank, compute_fbank_lazy, load_cuts, shuffle_manifests, speed_perturbed, write_cuts
 from asrprec.data.corpora import (
-    LIBRISPEECH_TRAIN_PARTS, CorpusError, PreparedData, download_librispeech, download_musan, librispeech_cuts, librispeech_parts,
-    librispeech_transcripts, musan_noise_cuts, prepare_librispeech_manifests, prepare_musan_manifests,
+    LIBRISPEECH_TRAIN_PARTS, CorpusError, PreparedData, download_librispeech, download_musan, librispeech_cuts,
+    librispeech_manifest_paths, librispeech_parts, librispeech_transcripts, musan_noise_cuts,
+    prepare_librispeech_manifests, prepare_musan_manifests,
 )
+from asrprec.data.stages import content_digest, make_unless_done
+from asrprec.data.download import OPENSLR_URL
 from asrprec.tokenizer import Tokenizer
 from asrprec.training.cli import run_main, setup_logging
 
@@ -45,6 +52,10 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-dir", type=Path, default=HERE / "download",
                    help="holds LibriSpeech/ and musan/ (downloaded here when missing)")
     p.add_argument("--data-dir", type=Path, default=HERE / "data")
+    p.add_argument("--openslr-url", default=OPENSLR_URL,
+                   help="stage 0: OpenSLR's resources, or a mirror of them (e.g. https://openslr.elda.org/resources, "
+                        "https://us.openslr.org/resources); LibriSpeech is <url>/12/<part>.tar.gz, MUSAN "
+                        "<url>/17/musan.tar.gz")
     p.add_argument("--stage", type=int, default=0)
     p.add_argument("--stop-stage", type=int, default=NUM_STAGES - 1)
     # icefall uses min(15, cpu_count) processes for fbank (egs/librispeech/ASR/local/compute_fbank_librispeech.py)
@@ -73,9 +84,9 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def stage_download(args, data: PreparedData) -> None:
-    download_librispeech(args.corpus_dir, librispeech_parts(args.subset))
+    download_librispeech(args.corpus_dir, librispeech_parts(args.subset), base_url=args.openslr_url)
     if args.musan:
-        download_musan(args.corpus_dir)
+        download_musan(args.corpus_dir, base_url=args.openslr_url)
 
 
 def stage_manifests(args, data: PreparedData) -> None:
@@ -85,34 +96,46 @@ def stage_manifests(args, data: PreparedData) -> None:
         prepare_musan_manifests(args.corpus_dir, data.manifest_dir)
 
 
+def _digests(paths, hint: str) -> dict[str, str]:
+    """The content digests of stage inputs, by file name (what a stage's record compares on a rerun)."""
+    for p in paths:
+        if not p.is_file():
+            raise FileNotFoundError(f"{p} is missing; fix: {hint}")
+    return {p.name: content_digest(p) for p in paths}
+
+
 def stage_speed_perturb(args, data: PreparedData) -> None:
     train_parts = LIBRISPEECH_TRAIN_PARTS[args.subset]
     for part in librispeech_parts(args.subset):
+        factors = args.speed_factors if part in train_parts else []
+        made_from = {"manifests": _digests(librispeech_manifest_paths(data.manifest_dir, part).values(),
+                                           "run stage 1 first"), "speed_factors": factors}
+
         out = data.cuts(part, features=False)
-        if out.is_file():
-            logging.info("%s exists; skipping", out)
-            continue
-        cuts = librispeech_cuts(data.manifest_dir, part)
-        if part in train_parts and args.speed_factors:
-            cuts = speed_perturbed(cuts, args.speed_factors)
-        logging.info("%s: %d cuts -> %s", part, write_cuts(cuts, out), out)
+
+        def make(part=part, factors=factors, out=out):
+            cuts = librispeech_cuts(data.manifest_dir, part)
+            n = write_cuts(speed_perturbed(cuts, factors) if factors else cuts, out)
+            logging.info("%s: %d cuts -> %s", part, n, out)
+
+        make_unless_done([out], made_from, make)
     _shuffled_train_cuts(args, data, features=False)
 
 
 def _shuffled_train_cuts(args, data: PreparedData, *, features: bool) -> None:
+    parts = [data.cuts(p, features=features) for p in LIBRISPEECH_TRAIN_PARTS[args.subset]]
     out = data.cuts(data.train_part(args.subset), features=features)
-    if out.is_file():
-        logging.info("%s exists; skipping", out)
-        return
-    shuffle_manifests([data.cuts(p, features=features) for p in LIBRISPEECH_TRAIN_PARTS[args.subset]], out,
-                      seed=args.seed)
+    made_from = {"parts": _digests(parts, f"run stage {3 if features else 2} first"), "seed": args.seed}
+    make_unless_done([out], made_from, lambda: shuffle_manifests(parts, out, seed=args.seed))
 
 
 def stage_fbank(args, data: PreparedData) -> None:
     for part in librispeech_parts(args.subset):
-        cuts = load_cuts(data.cuts(part, features=False), hint="run stage 2 first")
+        source = data.cuts(part, features=False)
+        cuts = load_cuts(source, hint="run stage 2 first")
         compute_fbank_lazy(cuts, data.feature_storage(part), data.cuts(part), chunk_size=args.chunk_size,
-                           num_jobs=args.num_jobs, max_unreadable=args.max_bad_audio)
+                           num_jobs=args.num_jobs, max_unreadable=args.max_bad_audio,
+                           made_from={"cuts": _digests([source], "run stage 2 first")})
     _shuffled_train_cuts(args, data, features=True)
 
 

@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from asrprec.data import AsrDataModule, DataConfig, NoiseMixConfig, SpecAugmentConfig, load_cuts
+from asrprec.data import NoiseMixConfig, SpecAugmentConfig, load_cuts
 from asrprec.data.corpora import LIBRISPEECH_TRAIN_PARTS, PreparedData
-from asrprec.tokenizer import Tokenizer
-from asrprec.training import get_rank, prepare_experiment, train
+from asrprec.training import train_from_args
 from asrprec.training.cli import (
-    add_data_args, add_data_check_args, add_model_args, add_precision_args, add_training_args, announce,
-    begin_training, build_model_from_args, check_splits, data_config_from_args, data_spec_augment, policy_from_args,
-    run_main,
+    add_data_args, add_data_check_args, add_model_args, add_precision_args, add_training_args, run_main,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -60,13 +57,12 @@ def get_parser() -> argparse.ArgumentParser:
     return p
 
 
-def data_config(args: argparse.Namespace, data: PreparedData) -> DataConfig:
+def data_decisions(args: argparse.Namespace, data: PreparedData) -> dict:
     """icefall's asr_datamodule.py settings: SpecAugment with 10 frame masks of <= 100 frames and 2 feature masks of
     <= 27 bins; CutMix(MUSAN, p=0.5, 10-20 dB); buckets estimated over num_buckets x 2000 cuts and shuffled
     over num_buckets x 5000; cuts of 1-20 s (train.py's remove_short_and_long_utt)."""
-    return data_config_from_args(
-        args, drop_last=True, min_cut_s=1.0, max_cut_s=20.0,
-        spec_augment=data_spec_augment(args, args.spec_augment),  # off under --use-cr-ctc: the model masks its views
+    return dict(
+        drop_last=True, min_cut_s=1.0, max_cut_s=20.0,
         spec_augment_config=SpecAugmentConfig(time_warp_factor=args.spec_aug_time_warp_factor or None,
                                               num_frame_masks=10, frames_mask_size=100, num_feature_masks=2,
                                               features_mask_size=27),
@@ -82,26 +78,17 @@ def load_part(args: argparse.Namespace, data: PreparedData, part: str, *, lazy: 
 
 def main() -> None:
     args = get_parser().parse_args()
-    cfg = begin_training(args)  # torchrun's process group (if any), config, log, threads, seed
     data = PreparedData(args.data_dir)
-    tokenizer = Tokenizer(args.bpe_model or data.tokenizer_model(args.vocab_size))
-    model, model_config = build_model_from_args(args, tokenizer)
-    # refuse a folder holding another run, or a resume with another model, before reading the manifests
-    prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
-    # the training manifest stays lazy: the checks stream through it and keep only the ids of bad cuts
-    cuts, checks = check_splits(
-        {"train": load_part(args, data, data.train_part(args.subset), lazy=True),
-         "dev": (load_part(args, data, "dev-clean", lazy=False) + load_part(args, data, "dev-other", lazy=False))
-         .to_eager()},
-        args, tokenizer, model.min_input_frames)
-    loaders = AsrDataModule(data_config(args, data))
-    policy = policy_from_args(args)
-    announce(args, model, policy)
-    train(model=model, policy=policy, tokenizer=tokenizer, train_dl=loaders.train_dataloader(cuts["train"]),
-          valid_dl=loaders.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
-          config_for_checkpoint={"data": {"data_dir": str(args.data_dir), "subset": args.subset,
-                                          "max_duration": args.max_duration, "musan": args.musan,
-                                          "on_the_fly_feats": args.on_the_fly_feats, "checks": checks}})
+    train_from_args(
+        args, tokenizer_path=lambda: args.bpe_model or data.tokenizer_model(args.vocab_size),
+        # the training manifest stays lazy: the checks stream through it and keep only the ids of bad cuts
+        load_splits=lambda: {
+            "train": load_part(args, data, data.train_part(args.subset), lazy=True),
+            "dev": (load_part(args, data, "dev-clean", lazy=False) + load_part(args, data, "dev-other", lazy=False))
+            .to_eager()},
+        data_decisions=data_decisions(args, data),
+        data_record={"data_dir": str(args.data_dir), "subset": args.subset, "max_duration": args.max_duration,
+                     "musan": args.musan, "on_the_fly_feats": args.on_the_fly_feats})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,16 @@
-"""A tiny synthetic corpus shared by the data tests (generated once per test run)."""
+"""A tiny synthetic corpus shared by the data tests (generated once per test run), LibriSpeech's and MUSAN's
+layouts filled from it, a runner of recipes/librispeech/prepare.py, and a local stand-in for OpenSLR's server."""
+
+import hashlib
+import io
+import logging
+import re
+import runpy
+import sys
+import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +101,90 @@ def corpus_layouts(tiny_corpus, tmp_path_factory):
     written = write_librispeech_layout(root, cuts)
     write_musan_layout(root)
     return root, written
+
+
+PREPARE = Path(__file__).resolve().parents[2] / "recipes" / "librispeech" / "prepare.py"
+
+
+@pytest.fixture
+def prepare(monkeypatch):
+    """Run prepare.py's ``__main__`` here; return the SystemExit it ended with (None when it finished)."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", [str(PREPARE), *map(str, args)])
+        try:
+            runpy.run_path(str(PREPARE), run_name="__main__")
+        except SystemExit as e:
+            return e
+        return None
+
+    yield run
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])
+
+
+def tar_gz(members):
+    """The bytes of a tar.gz archive holding ``{name: bytes}``."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_400_000_000
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def md5_hex(data):
+    return hashlib.md5(data).hexdigest()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """GET of ``server.files[path]`` with ``Range: bytes=N-`` support: 206 with Content-Range, 416 past the end."""
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        srv = self.server
+        asked = self.headers.get("Range")
+        srv.requests.append((self.path, asked))
+        body = srv.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        start = 0
+        if asked and not srv.ignore_range:
+            start = int(re.fullmatch(r"bytes=(\d+)-", asked)[1])
+            if start >= len(body):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(body)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        stop = srv.drops.pop(0) if srv.drops else len(body)  # a dropped connection: the body ends at ``stop``
+        self.wfile.write(body[start:max(start, stop)])
+        self.close_connection = True
+
+
+@pytest.fixture
+def openslr():
+    """A local HTTP server in OpenSLR's layout: ``url`` is its ``resources`` base; put archives in ``files``
+    (``{"/resources/12/dev-clean.tar.gz": bytes}``). ``requests`` records ``(path, Range header)``; each entry of
+    ``drops`` ends one answer's body at that offset of the file (the connection drops); ``ignore_range`` answers
+    every request with the whole file."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.files, server.requests, server.drops, server.ignore_range = {}, [], [], False
+    server.url = f"http://127.0.0.1:{server.server_address[1]}/resources"
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()

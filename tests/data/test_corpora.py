@@ -67,19 +67,23 @@ def test_manifests_are_reused_and_missing_parts_are_named(corpus_layouts, manife
 
 @needs_espeak
 def test_download_skips_what_is_on_disk(corpus_layouts, monkeypatch):
-    """Only parts without transcripts on disk reach lhotse's downloader, with the folder above LibriSpeech/."""
-    import lhotse.recipes
+    """Only parts without transcripts on disk are fetched, into the folder above LibriSpeech/, and unpacked there."""
+    from asrprec.data import download
 
     root, _ = corpus_layouts
     calls = []
-    monkeypatch.setattr(lhotse.recipes, "download_librispeech", lambda **kw: calls.append(("librispeech", kw)))
-    monkeypatch.setattr(lhotse.recipes, "download_musan", lambda **kw: calls.append(("musan", kw)))
+    monkeypatch.setattr(download, "fetch", lambda url, archive, md5: calls.append(("fetch", url, archive, md5)))
+    monkeypatch.setattr(download, "unpack", lambda *a: calls.append(("unpack", *a)))
     assert corpora.download_librispeech(root, PARTS) == root / "LibriSpeech"
     assert corpora.download_librispeech(root / "LibriSpeech", PARTS) == root / "LibriSpeech"  # the folder itself
     assert corpora.download_musan(root) == root / "musan"
     assert calls == []
     corpora.download_librispeech(root, PARTS + ("train-clean-360",))
-    assert calls == [("librispeech", {"target_dir": root, "dataset_parts": ["train-clean-360"]})]
+    archive = root / "train-clean-360.tar.gz"
+    assert calls == [  # the MD5 OpenSLR publishes in resources/12/md5sum.txt
+        ("fetch", "https://www.openslr.org/resources/12/train-clean-360.tar.gz", archive,
+         "c0e676e450a7ff2f54aeade5171606fa"),
+        ("unpack", archive, root, root / "LibriSpeech" / "train-clean-360" / ".completed")]
     assert corpora.missing_librispeech_parts(root, corpora.librispeech_parts("960h")) == ["train-clean-360",
                                                                                           "train-other-500"]
     # lhotse's own unpacking, interrupted: its archive without its .completed marker -> fetched again

@@ -284,8 +284,10 @@ def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid
     from asrprec.checkpoint import save_checkpoint
     from asrprec.decoding.experiment import decode_splits, load_for_decoding
     from asrprec.metrics import read_recogs
-    from asrprec.training.cli import add_decoding_args, add_precision_args
-    from asrprec.training.experiment import ExperimentError
+    from asrprec.training.cli import (
+        add_decoding_args, add_precision_args, decode_config_from_args, precision_options_from_args,
+    )
+    from asrprec.experiment import ExperimentError
 
     (tmp_path / "model.json").write_text(json.dumps({"encoder": "zipformer", "size": "tiny", "vocab_size": 12,
                                                      "ctc": {}}))
@@ -304,8 +306,9 @@ def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid
     for method in METHODS:
         args = p.parse_args(["--epoch", "1", "--decoding-method", method, "--validate-data", "off",
                              "--device", "cpu"])
-        setup = load_for_decoding(tmp_path, args)
-        summary = decode_splits(setup, {"test": _Cuts()}, lambda cuts: [batch], Words(), args, tmp_path)
+        cfg = decode_config_from_args(args)
+        setup = load_for_decoding(tmp_path, cfg, precision_options_from_args(args))
+        summary = decode_splits(setup, {"test": _Cuts()}, lambda cuts: [batch], Words(), cfg, tmp_path)
         assert summary["test"]["decoded"] == 2
         assert (tmp_path / f"recogs-test-{setup.tag}.txt").is_file()
         assert (tmp_path / f"errs-test-{setup.tag}.txt").is_file()
@@ -322,7 +325,8 @@ def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid
                                                     "ctc": {}, "use_transducer": False}))
     args = p.parse_args(["--epoch", "1", "--decoding-method", "greedy_search", "--device", "cpu"])
     with pytest.raises(ExperimentError, match="CTC-only.*ctc_greedy_search or ctc_prefix_beam_search"):
-        load_for_decoding(ctc_dir, args)  # no epoch-1.pt there: the method is checked first
+        load_for_decoding(ctc_dir, decode_config_from_args(args), precision_options_from_args(args))  # no epoch-1.pt
+        # there: the method is checked first
 
 
 @pytest.mark.parametrize("policy", ["amp-bf16", "bf16"])

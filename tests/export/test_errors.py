@@ -67,7 +67,7 @@ def test_missing_onnx_names_the_extra(tmp_path, monkeypatch):
 def test_experiment_folder_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_experiment_model(tmp_path / "nope", epoch=3)
-    with pytest.raises(FileNotFoundError, match="model.json is missing"):
+    with pytest.raises(FileNotFoundError, match="model.json does not exist"):
         load_experiment_model(tmp_path, epoch=3)
     (tmp_path / "model.json").write_text(json.dumps(
         {"encoder": "zipformer", "size": "tiny", "vocab_size": 32, "blank_id": 0, "context_size": 2}))
@@ -79,5 +79,5 @@ def test_recipe_export_reports_a_missing_experiment(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "recipes/espeak/export.py"), "--exp-dir", str(tmp_path),
                           "--epoch", "1"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode != 0
-    assert "model.json is missing" in out.stderr
+    assert "model.json does not exist" in out.stderr
     assert "Traceback" not in out.stderr

@@ -143,7 +143,7 @@ def test_another_model_cannot_resume_a_run(trained, data_root, tmp_path):
            "[32, 32, 32] -> [40, 40, 40]" in str(out.code) and "another --exp-dir" in str(out.code)
     assert (exp / "model.json").read_text() == model_json  # the run stays decodable
     from asrprec.checkpoint import CheckpointMismatchError
-    from asrprec.training.experiment import check_model_config
+    from asrprec.experiment import check_model_config
 
     with pytest.raises(CheckpointMismatchError, match="another --exp-dir"):
         check_model_config(exp, {**json.loads(model_json), "context_size": 3})

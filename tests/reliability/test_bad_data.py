@@ -24,7 +24,7 @@ from asrprec.data.validate import (
 from asrprec.precision import get_policy
 from asrprec.tokenizer import Tokenizer
 from asrprec.training import TooManySkippedBatches, train
-from asrprec.training.experiment import read_history
+from asrprec.experiment import read_history
 
 from .corpus import load, make_cut, save_split
 from .harness import run

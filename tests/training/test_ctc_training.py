@@ -10,7 +10,7 @@ import torch
 from asrprec.models import CtcConfig, Decoder, Joiner, LossConfig, Transducer
 from asrprec.precision import get_policy
 from asrprec.training import train
-from asrprec.training.experiment import read_history
+from asrprec.experiment import read_history
 
 from ..reliability.tiny import LinearEncoder, Tok, batches, config
 

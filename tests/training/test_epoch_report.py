@@ -17,7 +17,7 @@ from asrprec.data.datamodule import (
 )
 from asrprec.precision import get_policy
 from asrprec.training import train
-from asrprec.training.experiment import read_history
+from asrprec.experiment import read_history
 
 _spec = importlib.util.spec_from_file_location("asrprec_tests_ddp_worker",
                                                Path(__file__).resolve().parent / "_ddp_worker.py")

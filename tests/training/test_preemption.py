@@ -10,7 +10,7 @@ import torch
 from asrprec.checkpoint import checkpoint_position
 from asrprec.precision import get_policy
 from asrprec.training import ExperimentError, TrainConfig, train
-from asrprec.training.experiment import prepare_experiment, read_history, resolve_resume
+from asrprec.experiment import prepare_experiment, read_history, resolve_resume
 from asrprec.training.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch, TrainingPreempted, parse_signals
 
 from ..reliability.tiny import Tok, batches, config, make_model

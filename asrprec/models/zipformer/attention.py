@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from asrprec.precision.islands import autocast_dtype, fp32_island
 
 from ..schedule import FloatLike, ScheduledFloat
-from ..tracing import is_exporting
+from ..tracing import is_tracing, random_below
 from .activations import softmax
 from .dropout import Dropout2
 from .grad_shaping import Balancer, Whiten, penalize_abs_values_gt, whitening_schedule
@@ -76,7 +76,7 @@ class CompactRelPositionalEncoding(nn.Module):
         for T queries attending to ``left_context_len`` cached keys and the T current ones (streaming)."""
         t = x.shape[0]
         n = t + left_context_len
-        if is_exporting():
+        if is_tracing():
             # an exported graph computes the rows for its own length (no cached table, no bound on T)
             pos = self._encode(torch.arange(-(n - 1), t, device=x.device, dtype=torch.float32))
             return self.dropout(pos.unsqueeze(0).to(x.dtype))
@@ -84,6 +84,12 @@ class CompactRelPositionalEncoding(nn.Module):
         center = pe.shape[0] // 2
         pos = pe[center - n + 1: center + t].unsqueeze(0).to(x.dtype)
         return self.dropout(pos)
+
+
+@torch.compiler.disable
+def _draw_below(rate: float) -> bool:
+    """``random.random() < rate`` outside any compiled graph (see the position-score skip below)."""
+    return random.random() < rate
 
 
 class RelPositionMultiheadAttentionWeights(nn.Module):
@@ -129,20 +135,37 @@ class RelPositionMultiheadAttentionWeights(nn.Module):
         k = k.reshape(tk, b, h, qd).permute(2, 1, 3, 0)  # (H, B, qd, Tk)
         scores = torch.matmul(q, k)  # (H, B, Tq, Tk)
 
-        if not self.training or random.random() >= float(self.pos_emb_skip_rate):
+        traced = is_tracing()
+        keep = True
+        if self.training:
+            rate = float(self.pos_emb_skip_rate)
+            # A skipped call leaves linear_pos without a gradient (None), which an optimizer treats differently
+            # from a zero one, so no mask can stand in for the skip: while the rate is above 0 (the first 4000
+            # batches by default) the draw stays eager, a documented graph break (docs/compile.md).
+            if not traced:
+                keep = random.random() >= rate
+            elif rate != 0.0:
+                keep = not _draw_below(rate)
+            else:
+                random.random()  # the draw eager mode makes (and always passes), keeping the random sequence
+        if keep:
             pe = self.linear_pos(pos_emb)  # (1, Tq+Tk-1, H*pd)
             pe = pe.reshape(-1, tq + tk - 1, h, pd).permute(2, 0, 3, 1)  # (H, 1, pd, Tq+Tk-1)
             pos_scores = torch.matmul(p, pe).contiguous()  # (H, B, Tq, Tq+Tk-1), last axis = offset + (Tk-1)
             # relative -> absolute: query i sits at key position (Tk-Tq) + i, so entry (i, j) has offset
             # j - (Tk-Tq) - i, i.e. column (Tq-1) - i + j.
             s = pos_scores.stride()
+            # (a fresh contiguous tensor starts at offset 0; a traced graph cannot ask for the offset)
+            offset = 0 if traced else pos_scores.storage_offset()
             pos_scores = pos_scores.as_strided(
-                (h, b, tq, tk), (s[0], s[1], s[2] - s[3], s[3]),
-                storage_offset=pos_scores.storage_offset() + s[3] * (tq - 1))
+                (h, b, tq, tk), (s[0], s[1], s[2] - s[3], s[3]), storage_offset=offset + s[3] * (tq - 1))
             scores = scores + pos_scores
 
-        if self.training and random.random() < 0.1:
-            scores = penalize_abs_values_gt(scores, limit=25.0, penalty=1.0e-4)
+        if self.training:
+            if traced:
+                scores = penalize_abs_values_gt(scores, limit=25.0, penalty=1.0e-4, apply=random_below(0.1))
+            elif random.random() < 0.1:
+                scores = penalize_abs_values_gt(scores, limit=25.0, penalty=1.0e-4)
         if attn_mask is not None:
             scores = scores.masked_fill(attn_mask, _MASK_VALUE)
         if key_padding_mask is not None:

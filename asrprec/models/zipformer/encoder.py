@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..masks import make_pad_mask
 from ..schedule import ScheduledFloat
+from ..tracing import check_lengths_in_graph, is_exporting, is_tracing
 from .frontend import ZipformerConv2dSubsampling
 from .layers import DownsampledZipformer2Encoder, SimpleDownsample, Zipformer2Encoder, Zipformer2EncoderLayer
 
@@ -219,10 +220,15 @@ class ZipformerEncoder(nn.Module):
             raise ValueError(f"features must be (B, T, {self.num_features}), got {tuple(features.shape)}")
         if feature_lens.ndim != 1 or feature_lens.shape[0] != features.shape[0]:
             raise ValueError(f"feature_lens must be (B,) with B={features.shape[0]}, got {tuple(feature_lens.shape)}")
-        if features.shape[1] < self.min_input_frames or int(feature_lens.min()) < self.min_input_frames:
+        # reading the lengths in Python would break a compiled graph: it asserts them in the graph instead
+        traced = is_tracing() and not is_exporting()
+        if traced:
+            check_lengths_in_graph(feature_lens, self.min_input_frames, features.shape[1])
+        if features.shape[1] < self.min_input_frames or (
+                not traced and int(feature_lens.min()) < self.min_input_frames):
             raise ValueError(f"every utterance needs at least {self.min_input_frames} feature frames (front-end gives "
                              "(T-7)//2 frames)")
-        if int(feature_lens.max()) > features.shape[1]:
+        if not traced and int(feature_lens.max()) > features.shape[1]:
             raise ValueError(f"feature_lens max {int(feature_lens.max())} exceeds T={features.shape[1]}")
         x, x_lens = self.encoder_embed(features, feature_lens)
         mask = make_pad_mask(x_lens, x.shape[1])

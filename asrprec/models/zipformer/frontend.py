@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..schedule import FloatLike, ScheduledFloat
-from ..tracing import is_exporting
+from ..tracing import is_tracing
 from .activations import SwooshR, act_dropout_linear
 from .dropout import Dropout3
 from .grad_shaping import Balancer, ScaleGrad, Whiten
@@ -145,7 +145,7 @@ class ZipformerConv2dSubsampling(nn.Module):
         t = x.shape[2]
         valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)  # (B, T')
         # (the .all() test saves a multiply when nothing is padded; an exported graph cannot branch on data)
-        if is_exporting() or not bool(valid.all()):
+        if is_tracing() or not bool(valid.all()):
             x = x * valid[:, None, :, None].to(x.dtype)
         if self.convnext is not None:
             x = self.convnext(x)

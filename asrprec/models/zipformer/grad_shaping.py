@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from asrprec.precision.islands import compute_dtype, fp32_island, upcast
 
 from ..schedule import FloatLike, ScheduledFloat
+from ..tracing import is_tracing, random_below
 
 __all__ = ["Balancer", "ScaleGrad", "Whiten", "balancer_grad", "limit_param_value", "penalize_abs_values_gt",
            "whitening_metric", "whitening_schedule"]
@@ -28,26 +29,39 @@ __all__ = ["Balancer", "ScaleGrad", "Whiten", "balancer_grad", "limit_param_valu
 
 class _LimitParamValue(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, lo: float, hi: float) -> Tensor:
-        ctx.save_for_backward(x)
+    def forward(ctx, x: Tensor, lo: float, hi: float, apply: Optional[Tensor] = None) -> Tensor:
+        ctx.save_for_backward(x, apply)
         ctx.lo, ctx.hi = lo, hi
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        (x,) = ctx.saved_tensors
+        x, apply = ctx.saved_tensors
         # below the range, make every gradient push x up; above it, push x down.
         flip_lo = torch.logical_and(g > 0, x < ctx.lo)
         flip_hi = torch.logical_and(g < 0, x > ctx.hi)
-        g = torch.where(torch.logical_or(flip_lo, flip_hi), -g, g)
-        return g, None, None
+        flip = torch.logical_or(flip_lo, flip_hi)
+        if apply is not None:  # traced: the call's draw as a mask
+            flip = torch.logical_and(flip, apply)
+        g = torch.where(flip, -g, g)
+        return g, None, None, None
 
 
-def limit_param_value(x: Tensor, lo: float, hi: float, prob: float = 0.6, training: bool = True) -> Tensor:
+def limit_param_value(x: Tensor, lo: FloatLike, hi: FloatLike, prob: float = 0.6, training: bool = True) -> Tensor:
     """Identity; in backward (on a random ``prob`` of calls) flips gradients that would push x out of [lo, hi]."""
-    if training and random.random() < prob:
+    if not training:
+        return x
+    if is_tracing():
+        # the same draw, applied in backward as a mask rather than by a Python branch (see random_below)
+        return _LimitParamValue.apply(x, _as_tensor(lo), _as_tensor(hi), random_below(prob))
+    if random.random() < prob:
         return _LimitParamValue.apply(x, lo, hi)
     return x
+
+
+def _as_tensor(v: FloatLike) -> Tensor:
+    """A float (or a traced symbolic float) as a 0-dim float64 tensor: an input a compiled graph reads at run time."""
+    return torch.full((), float(v), dtype=torch.float64)
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -78,8 +92,10 @@ class _PenalizeAbsGt(torch.autograd.Function):
     """Identity; backward adds the gradient of ``penalty * relu(|x| - limit).sum()``."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, limit: float, penalty: float) -> Tensor:
+    def forward(ctx, x: Tensor, limit: float, penalty: float, apply: Optional[Tensor] = None) -> Tensor:
         sign = torch.sign(x).to(torch.int8) * (x.abs() > limit).to(torch.int8)
+        if apply is not None:  # traced: the call's draw as a mask (a zero sign adds nothing)
+            sign = sign * apply.to(torch.int8)
         ctx.save_for_backward(sign)
         ctx.penalty = penalty
         return x.view_as(x)
@@ -87,15 +103,17 @@ class _PenalizeAbsGt(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         (sign,) = ctx.saved_tensors
-        return g + (sign.to(g.dtype) * ctx.penalty), None, None
+        return g + (sign.to(g.dtype) * ctx.penalty), None, None, None
 
 
-def penalize_abs_values_gt(x: Tensor, limit: float, penalty: float) -> Tensor:
+def penalize_abs_values_gt(x: Tensor, limit: float, penalty: float, apply: Optional[Tensor] = None) -> Tensor:
+    """Identity; backward adds ``penalty * sign(x)`` where ``|x| > limit`` (only where the 0-dim bool ``apply``
+    is true, when given: a traced graph's random decision)."""
     # Like icefall, the penalty gradient is not multiplied by the loss scale (its relative weight shifts with
     # the grad scale under fp16); it is a failsafe against implausible scores, not a regulariser.
     if not x.requires_grad:
         return x
-    return _PenalizeAbsGt.apply(x, limit, penalty)
+    return _PenalizeAbsGt.apply(x, limit, penalty, apply)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -131,6 +149,24 @@ class _BalancerFunction(torch.autograd.Function):
                 g = balancer_grad(x, g, limits, grad_scale, channel_dim)
         except Exception as e:  # pragma: no cover - mirrors icefall: never let a regulariser kill training
             logging.info("Balancer backward failed (%s); passing the gradient through", e)
+        return g, None, None, None
+
+
+class _TracedBalancerFunction(torch.autograd.Function):
+    """:class:`_BalancerFunction` for a compiled graph: limits (4,) and grad_scale (0-dim, 0 when the call's draw
+    failed) are tensors the graph reads at run time, so changing schedules neither recompile nor branch."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, limits: Tensor, grad_scale: Tensor, channel_dim: int):
+        ctx.save_for_backward(x.to(compute_dtype(x)), limits, grad_scale)
+        ctx.channel_dim = channel_dim
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, limits, grad_scale = ctx.saved_tensors
+        with fp32_island():
+            g = balancer_grad(x, g, tuple(limits.unbind(0)), grad_scale, ctx.channel_dim)
         return g, None, None, None
 
 
@@ -186,12 +222,26 @@ class Balancer(nn.Module):
         self.grad_scale, self.prob = grad_scale, prob
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or not x.requires_grad or random.random() >= float(self.prob):
+        if not self.training or not x.requires_grad:
+            return x
+        if is_tracing():
+            return self._traced(x)
+        if random.random() >= float(self.prob):
             return x
         limits = (_proportion_positive_to_mean(float(self.min_positive)),
                   _proportion_positive_to_mean(float(self.max_positive)),
                   _abs_to_rms(float(self.min_abs)), _abs_to_rms(float(self.max_abs)))
         return _BalancerFunction.apply(x, limits, float(self.grad_scale), self.channel_dim)
+
+    def _traced(self, x: Tensor) -> Tensor:
+        # the same draw and limits as the eager branch, as tensors: the draw scales grad_scale to 0 or keeps it
+        fire = random_below(float(self.prob))
+        p = torch.stack((_as_tensor(self.min_positive), _as_tensor(self.max_positive)))
+        z = 2.0 * p - 1.0
+        means = 0.8139535143 * (torch.log(1 + z + 1.0e-10) - torch.log(1 - z + 1.0e-10)) / 2.0
+        rms = 1.25331413732 * torch.stack((_as_tensor(self.min_abs), _as_tensor(self.max_abs)))
+        grad_scale = _as_tensor(self.grad_scale) * fire.to(torch.float64)
+        return _TracedBalancerFunction.apply(x, torch.cat((means, rms)), grad_scale, self.channel_dim)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,6 +288,51 @@ class _WhitenFunction(torch.autograd.Function):
             return g, None
 
 
+def _whitening_metric_grad(x: Tensor, num_groups: int) -> Tuple[Tensor, Tensor]:
+    """:func:`whitening_metric` of x (N, C) and its gradient w.r.t. x, written out (a compiled graph cannot run
+    ``torch.autograd.grad`` inside a backward). With xc the centred (G, N, c) groups, S_g = xc_g^T xc_g,
+    d = mean diagonal of S, q = sum(S^2) / (G c): metric = q / (d^2 + eps),
+    dmetric/dS = 2 S / (G c (d^2 + eps)) - 2 q d I / (G c (d^2 + eps)^2), dmetric/dxc = 2 xc dmetric/dS (S is
+    symmetric), and centring subtracts the mean over N."""
+    n, c = x.shape
+    cpg = c // num_groups
+    xg = x.reshape(n, num_groups, cpg).transpose(0, 1)
+    xc = xg - xg.mean(dim=1, keepdim=True)
+    cov = torch.matmul(xc.transpose(1, 2), xc)
+    gc = num_groups * cpg
+    mean_diag = torch.diagonal(cov, dim1=1, dim2=2).mean()
+    covsq_mean_diag = (cov ** 2).sum() / gc
+    den = mean_diag ** 2 + 1e-20
+    metric = covsq_mean_diag / den
+    eye = torch.eye(cpg, dtype=x.dtype, device=x.device)
+    d_cov = (2.0 / (gc * den)) * cov - (2.0 * covsq_mean_diag * mean_diag / (gc * den * den)) * eye
+    d_xc = 2.0 * torch.matmul(xc, d_cov)
+    d_xg = d_xc - d_xc.mean(dim=1, keepdim=True)
+    return metric, d_xg.transpose(0, 1).reshape(n, c)
+
+
+class _TracedWhitenFunction(torch.autograd.Function):
+    """:class:`_WhitenFunction` for a compiled graph: ``apply`` (0-dim bool: the call's draw and a metric above
+    the limit, decided in forward) masks the added gradient instead of a Python branch on ``metric.item()``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, apply: Tensor, num_groups: int, grad_scale: float) -> Tensor:
+        ctx.save_for_backward(x.to(compute_dtype(x)), apply)
+        ctx.num_groups, ctx.grad_scale = num_groups, grad_scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, apply = ctx.saved_tensors
+        with fp32_island():
+            _, pg = _whitening_metric_grad(x.float().reshape(-1, x.shape[-1]), ctx.num_groups)
+            pg = pg.reshape(x.shape)
+            gf = g.float()
+            scale = ctx.grad_scale * (gf.norm() / (pg.norm() + 1e-20))
+            out = torch.where(apply, gf + pg * scale, gf).to(g.dtype)
+        return out, None, None, None
+
+
 class Whiten(nn.Module):
     """Identity in forward; in backward (with probability between ``prob[0]`` and ``prob[1]``, raised while the
     limit is exceeded) adds the gradient of the whitening metric, scaled to ``grad_scale`` times |grad|, when the
@@ -248,8 +343,18 @@ class Whiten(nn.Module):
         self.num_groups = num_groups
         self.whitening_limit = whitening_limit
         self.min_prob, self.max_prob = prob
-        self.prob = self.max_prob
+        # the current probability, as a 0-dim float64 tensor (not a buffer: no dtype cast, no state_dict key) that
+        # a compiled graph reads and updates in place; eager code sees it as the float ``prob``
+        self._prob = torch.tensor(float(self.max_prob), dtype=torch.float64)
         self.grad_scale = grad_scale
+
+    @property
+    def prob(self) -> float:
+        return float(self._prob)
+
+    @prob.setter
+    def prob(self, value: float) -> None:
+        self._prob.fill_(float(value))
 
     def runtime_state_dict(self) -> dict:
         """``prob`` changes in every backward and is no parameter or buffer; checkpoints keep it here
@@ -260,11 +365,29 @@ class Whiten(nn.Module):
         self.prob = float(state["prob"])
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or not x.requires_grad or self.grad_scale == 0 or random.random() > self.prob:
+        if not self.training or not x.requires_grad or self.grad_scale == 0:
+            return x
+        if is_tracing():
+            return self._traced(x)
+        if random.random() > self.prob:
             return x
         if x.shape[-1] % self.num_groups != 0:
             raise ValueError(f"Whiten: {x.shape[-1]} channels not divisible into {self.num_groups} groups")
         return _WhitenFunction.apply(x, self)
+
+    def _traced(self, x: Tensor) -> Tensor:
+        # Eager mode measures the metric in backward and sets prob there; the graph measures it in forward (same
+        # input, same value) and sets prob at once. Either way the next forward sees the new prob.
+        if x.shape[-1] % self.num_groups != 0:
+            raise ValueError(f"Whiten: {x.shape[-1]} channels not divisible into {self.num_groups} groups")
+        fire = torch.full((), random.random(), dtype=torch.float64) <= self._prob  # eager skips when r > prob
+        with torch.no_grad(), fp32_island():
+            xs = x.detach().to(compute_dtype(x)).float().reshape(-1, x.shape[-1])
+            metric = whitening_metric(xs, self.num_groups).double()
+            over = metric >= _as_tensor(self.whitening_limit)
+            new_prob = torch.where(over, _as_tensor(self.max_prob), _as_tensor(self.min_prob))
+            self._prob.copy_(torch.where(fire, new_prob, self._prob))
+        return _TracedWhitenFunction.apply(x, torch.logical_and(fire, over), self.num_groups, self.grad_scale)
 
 
 def whitening_schedule(x: float, ratio: float = 2.0) -> ScheduledFloat:

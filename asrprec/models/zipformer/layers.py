@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from asrprec.precision.islands import compute_dtype, fp32_island, upcast
 
 from ..schedule import FloatLike, ScheduledFloat
-from ..tracing import is_exporting
+from ..tracing import is_tracing, random_below
 from .activations import ActivationDropoutAndLinear
 from .attention import CompactRelPositionalEncoding, NonlinAttention, RelPositionMultiheadAttentionWeights, \
     SelfAttention
@@ -312,7 +312,12 @@ class Zipformer2EncoderLayer(nn.Module):
         src = src + self.feed_forward1(src)
 
         selected = attn_weights[0:1]
-        if tr and random.random() < float(self.const_attention_rate):
+        if tr and is_tracing():
+            # the same draw; the graph selects between both weightings instead of branching
+            uniform = (selected > 0.0).to(selected.dtype)
+            uniform = uniform * (1.0 / uniform.sum(dim=-1, keepdim=True))
+            selected = torch.where(random_below(float(self.const_attention_rate)), uniform, selected)
+        elif tr and random.random() < float(self.const_attention_rate):
             # replace by uniform averaging over the unmasked keys (pushes NonlinAttention towards averaging)
             selected = (selected > 0.0).to(selected.dtype)
             selected = selected * (1.0 / selected.sum(dim=-1, keepdim=True))
@@ -455,7 +460,7 @@ class _SimpleDownsampleFunction(torch.autograd.Function):
         pad = d_t * ds - t
         with fp32_island():
             w = upcast(bias).softmax(dim=0)
-            if is_exporting():
+            if is_tracing():
                 # the same frames by indexing (last index repeated): a graph for every T, with no branch on T
                 src_p = src.index_select(0, torch.arange(d_t * ds, device=src.device).clamp(max=t - 1))
             else:
@@ -505,7 +510,7 @@ class SimpleDownsample(nn.Module):
     def forward(self, src: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         t, b, c = src.shape
         # (the .any() test saves a copy when nothing is padded; an exported graph cannot branch on data)
-        if key_padding_mask is not None and (is_exporting() or bool(key_padding_mask.any())):
+        if key_padding_mask is not None and (is_tracing() or bool(key_padding_mask.any())):
             # repeat each utterance's last valid frame over its padding, as if it were alone in the batch.
             lens = (~key_padding_mask).sum(dim=1).clamp(min=1)
             idx = torch.minimum(torch.arange(t, device=src.device).unsqueeze(1), (lens - 1).unsqueeze(0))

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from asrprec.precision.islands import compute_dtype, fp32_island, upcast
 
+from ..tracing import is_tracing
 from .grad_shaping import limit_param_value
 
 __all__ = ["BiasNorm"]
@@ -79,6 +80,8 @@ class BiasNorm(nn.Module):
                              f"got shape {tuple(x.shape)}")
         log_scale = limit_param_value(self.log_scale, self.log_scale_min, self.log_scale_max,
                                       training=self.training)
-        if not torch.is_grad_enabled():
+        # a compiled graph differentiates the plain ops (AOTAutograd cannot trace the autograd.grad in
+        # _BiasNormFunction's backward; its partitioner chooses what to recompute itself)
+        if not torch.is_grad_enabled() or is_tracing():
             return _bias_norm(x, self.bias, log_scale, self.channel_dim)
         return _BiasNormFunction.apply(x, self.bias, log_scale, self.channel_dim)

@@ -14,6 +14,9 @@ Rules (:func:`prepare_experiment`): a new run in a folder that holds another run
 folder is refused unless ``overwrite`` (which deletes the newer, abandoned checkpoints), since ``--avg`` or
 ``--resume latest`` would later mix the two continuations; temporary files of interrupted writes are removed.
 Every error names the file and the fix.
+
+The model of an experiment is built here too (:func:`build_experiment_model`, :func:`load_experiment_model`), for
+training, decoding and export alike; this module imports none of them.
 """
 
 from __future__ import annotations
@@ -25,12 +28,11 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from asrprec import checkpoint as ckpt
 from asrprec.atomic import atomic_write_text
 
-from .config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,17 @@ HISTORY_NAME = "history.json"
 MUTABLE_MODEL_KEYS = ("loss",)
 # what a decode script writes beside the checkpoints (stale once the checkpoints are replaced)
 _DECODE_OUTPUTS = ("recogs-*.txt", "errs-*.txt", "wer-summary-*.json")
+
+
+class RunSpec(Protocol):
+    """What the folder rules read of a run's config (:class:`asrprec.training.TrainConfig` has these fields)."""
+
+    exp_dir: str
+    resume: str
+    start_epoch: int
+    start_batch: int
+    overwrite: bool
+    num_epochs: int
 
 
 class ExperimentError(ValueError):
@@ -192,7 +205,7 @@ def _delete(paths: list[Path], exp_dir: Path, why: str) -> None:
         append_history(exp_dir, {"event": "overwrite", "why": why, "deleted": names})
 
 
-def resolve_resume(cfg: TrainConfig) -> Path | None:
+def resolve_resume(cfg: RunSpec) -> Path | None:
     """The checkpoint a run resumes from (None for a new run): ``--resume latest`` / ``--resume FILE``,
     ``--start-batch N`` (``checkpoint-N.pt``) or ``--start-epoch E`` (``epoch-(E-1).pt``); ``--resume auto`` is
     ``latest`` when the folder holds a complete checkpoint and a new run when it holds no checkpoint at all.
@@ -231,6 +244,16 @@ def resolve_resume(cfg: TrainConfig) -> Path | None:
     return path
 
 
+def _refuse_or_delete(found: list[Path], delete_here: bool, exp_dir: Path, what: str, files: list[Path],
+                      refusal: str, overwrite: bool) -> None:
+    """Files ``found`` in the way of a run: refused (``refusal``) without ``--overwrite``, else ``files`` deleted
+    (by rank 0 only: ``delete_here``)."""
+    if found and not overwrite:
+        raise ExperimentError(refusal)
+    if found and delete_here:
+        _delete(files, exp_dir, what)
+
+
 def _readable(path: Path) -> bool:
     try:
         ckpt.checkpoint_position(path)
@@ -243,7 +266,7 @@ def _names(paths: list[Path], most: int = 6) -> str:
     return ", ".join(p.name for p in paths[:most]) + (", ..." if len(paths) > most else "")
 
 
-def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[str, Any] | None = None) -> Path | None:
+def prepare_experiment(cfg: RunSpec, *, rank: int = 0, model_config: dict[str, Any] | None = None) -> Path | None:
     """Make ``cfg.exp_dir`` ready for the run ``cfg`` describes; return the checkpoint to resume from (or None).
 
     Creates the folder, removes temporary files of interrupted writes, resolves the resume checkpoint, and
@@ -267,13 +290,11 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[st
     resume_from = resolve_resume(cfg)
     if resume_from is None:
         existing = ckpt.training_checkpoints(exp_dir)
-        if existing and not cfg.overwrite:
-            raise ExperimentError(
-                f"{exp_dir} holds the checkpoints of an earlier run ({_names(existing)}); a new run there would mix the two "
-                f"(e.g. decoding with --avg would average epochs of both). Fix: continue that run with --resume "
-                f"latest, train in another --exp-dir, or add --overwrite to delete the earlier run's files")
-        if existing and rank == 0:
-            _delete(_run_files(exp_dir), exp_dir, "the earlier run")
+        _refuse_or_delete(
+            existing, cfg.overwrite and rank == 0, exp_dir, "the earlier run", _run_files(exp_dir),
+            f"{exp_dir} holds the checkpoints of an earlier run ({_names(existing)}); a new run there would mix the two "
+            f"(e.g. decoding with --avg would average epochs of both). Fix: continue that run with --resume "
+            f"latest, train in another --exp-dir, or add --overwrite to delete the earlier run's files", cfg.overwrite)
         return None
     if cfg.overwrite and cfg.resume in ("latest", "auto"):
         raise ExperimentError(f"--overwrite with --resume {cfg.resume}: there is nothing newer to overwrite. Fix: drop "
@@ -287,13 +308,11 @@ def prepare_experiment(cfg: TrainConfig, *, rank: int = 0, model_config: dict[st
     # an unreadable file is no continuation (--resume latest passes over it; the resumed run rewrites it)
     newer = [p for p in ckpt.newer_checkpoints(exp_dir, position)
              if p.resolve() != resume_from.resolve() and _readable(p)]
-    if newer and not cfg.overwrite:
-        raise ExperimentError(
-            f"{resume_from} is not the newest checkpoint in {exp_dir}: {_names(newer)} went further. Resuming from it would "
-            f"leave those beside the new ones, and --avg or --resume latest would mix the two continuations. Fix: "
-            f"--resume latest, or add --overwrite to delete the newer checkpoints")
-    if newer and rank == 0:
-        _delete(newer, exp_dir, f"the continuation after {resume_from.name}")
+    _refuse_or_delete(
+        newer, cfg.overwrite and rank == 0, exp_dir, f"the continuation after {resume_from.name}", newer,
+        f"{resume_from} is not the newest checkpoint in {exp_dir}: {_names(newer)} went further. Resuming from it would "
+        f"leave those beside the new ones, and --avg or --resume latest would mix the two continuations. Fix: "
+        f"--resume latest, or add --overwrite to delete the newer checkpoints", cfg.overwrite)
     return resume_from
 
 
@@ -328,3 +347,29 @@ def record_run_start(exp_dir: str | os.PathLike, *, model_config: dict[str, Any]
     append_history(exp_dir, {"event": "resume", **resume, **event, "changed": changed})
     if changed:
         log.info("resumed with changed settings: %s", "; ".join(changed))
+
+
+# -- the model of an experiment ----------------------------------------------------------------------
+
+
+def build_experiment_model(exp_dir: str | os.PathLike) -> Any:
+    """The transducer ``model.json`` of ``exp_dir`` describes (the ``build_transducer`` arguments, the encoder's
+    resolved overrides included), with fresh weights. Raises as :func:`read_model_config`."""
+    from asrprec.models import build_transducer
+
+    return build_transducer(**read_model_config(exp_dir))
+
+
+def load_experiment_model(exp_dir: str | os.PathLike, epoch: int, avg: int = 1,
+                          use_averaged_model: bool = False) -> tuple[Any, dict, str]:
+    """``(model, model_config, description of the weights)``: the model of ``exp_dir`` in fp32 and eval mode with
+    the weights ``--epoch E --avg A [--use-averaged-model]`` name (:func:`asrprec.checkpoint.load_decoding_weights`).
+
+    Raises FileNotFoundError naming the missing folder, ``model.json`` or epochs and the fix, and
+    :class:`ExperimentError` for an unreadable ``model.json``."""
+    from asrprec.models import build_transducer
+
+    config = read_model_config(exp_dir)
+    model = build_transducer(**config)
+    source = ckpt.load_decoding_weights(model, Path(exp_dir), epoch, avg, use_averaged_model)
+    return model.float().eval(), config, source

@@ -1,0 +1,80 @@
+"""``torch.compile`` for a transducer's parts, in place: the compiled model keeps its module tree and state-dict names.
+
+The Zipformer and the Conformer trace whole (no graph break) in training and eval mode, in fp32 and under autocast:
+schedule values enter the graph as symbolic floats, Python ``random`` draws are replayed by dynamo before the graph
+and applied as masks (:func:`asrprec.models.tracing.random_below`), and length checks become in-graph asserts. The
+one boundary left is the Zipformer's position-score skip while its rate is above 0 (the first 4000 batches by
+default; ``attention.py`` says why), and a causal Zipformer's random chunk size, a Python choice per call that
+specialises the graph. What each gives up, measured, is in ``docs/compile.md``.
+
+``nn.Module.compile`` (not ``torch.compile(module)``) keeps the module itself in the tree: checkpoints never see
+``_orig_mod.`` names, DDP wraps the model that holds the compiled encoder (the layout PyTorch's DDP notes recommend:
+compile the module DDP wraps, not the wrapper), and ``asrprec.export`` reads the plain modules.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from .builders import unwrap_model
+
+__all__ = ["COMPILE_DYNAMIC", "COMPILE_PARTS", "compile_model", "compiled_graph_count"]
+
+#: the parts :func:`compile_model` can compile
+COMPILE_PARTS = ("encoder", "joiner")
+#: ``dynamic`` choices: ``auto`` = torch's default (static first, dynamic once a shape changes), ``true`` = every
+#: size symbolic from the first call, ``false`` = a graph per shape
+COMPILE_DYNAMIC = ("auto", "true", "false")
+
+
+def _dynamic_arg(dynamic: str) -> Optional[bool]:
+    if dynamic not in COMPILE_DYNAMIC:
+        raise ValueError(f"dynamic must be one of {COMPILE_DYNAMIC}, got {dynamic!r}")
+    return {"auto": None, "true": True, "false": False}[dynamic]
+
+
+def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dynamic: str = "auto",
+                  backend: str = "inductor", mode: Optional[str] = None, eager_random: bool = True) -> nn.Module:
+    """Compile ``parts`` of ``model`` (a Transducer, bare or DDP-wrapped) in place and return ``model``.
+
+    Args:
+        parts: submodule names from :data:`COMPILE_PARTS` (``joiner`` compiles the joiner's forward, which the
+            pruned and full losses call on their (B, T, K or U+1, J) inputs).
+        dynamic: one of :data:`COMPILE_DYNAMIC`; the bucketing sampler's (B, T) vary every batch.
+        backend / mode: passed to ``torch.compile`` (``"eager"`` / ``"aot_eager"`` backends trace without
+            generating code: for tests).
+        eager_random: generated code draws dropout masks and other random tensors with torch's own kernels
+            (``torch._inductor.config.fallback_random``), so a compiled run draws the same numbers as an eager
+            one and resumes exactly; False lets inductor fuse its own random number generation.
+
+    Raises:
+        ValueError: an unknown part or ``dynamic`` value, or a model without that part.
+    """
+    dyn = _dynamic_arg(dynamic)
+    bare = unwrap_model(model)
+    for part in parts:
+        if part not in COMPILE_PARTS:
+            raise ValueError(f"cannot compile {part!r}: choose from {COMPILE_PARTS}")
+        if not isinstance(getattr(bare, part, None), nn.Module):
+            raise ValueError(f"the model has no {part} to compile")
+    if eager_random:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fallback_random = True
+    for part in parts:
+        getattr(bare, part).compile(dynamic=dyn, backend=backend, mode=mode)
+    logging.info("torch.compile: %s (backend=%s, dynamic=%s%s)", ", ".join(parts), backend, dynamic,
+                 "" if mode is None else f", mode={mode}")
+    return model
+
+
+def compiled_graph_count() -> int:
+    """Graphs dynamo has compiled in this process so far (first compiles and recompiles, every module): logged by
+    the training loop each epoch, so that shapes or schedules that recompile every batch show up."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -1,0 +1,206 @@
+"""The model a run trains, as one flat dataclass of options: every recipe's model flags are its fields
+(:func:`asrprec.config.add_dataclass_args`), and :func:`build_model` turns it into the transducer and the
+``model.json`` record that decoding and export rebuild it from.
+
+Head and objective names follow icefall's ``zipformer/train.py`` flags (k2-fsa/icefall
+``egs/librispeech/ASR/zipformer/train.py``: ``--use-transducer``, ``--use-ctc``, ``--use-cr-ctc`` ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from asrprec.config import option
+
+from .builders import ENCODERS, build_transducer, resolved_encoder_overrides
+from .ctc import CtcConfig
+from .transducer import JOINT_MODES, LOSSES, TDT_AUX, LossConfig
+
+__all__ = ["ModelOptions", "build_model"]
+
+
+def _json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}); write e.g. '{{\"dropout\": 0.0}}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of preset fields, got {type(value).__name__}")
+    return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 16,32,64,-1, got {text!r}") from None
+    if any(v == 0 or v < -1 for v in values):
+        raise argparse.ArgumentTypeError(f"entries must be positive or -1 (full context), got {text!r}")
+    return values
+
+
+def _duration_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated frame counts such as 0,1,2,3,4, got {text!r}") from None
+    from asrprec.losses.tdt import validate_durations
+
+    try:
+        return validate_durations(values)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+@dataclasses.dataclass
+class ModelOptions:
+    """Encoder, heads and loss of a run. The defaults are the library's recommended setup (a Zipformer trained
+    with the pruned RNN-T loss), as :func:`asrprec.models.build_transducer`'s."""
+
+    encoder: str = option("zipformer", choices=ENCODERS, help="encoder family")
+    size: str = option("tiny", help="encoder preset: tiny, small, ... (see asrprec.models)")
+    encoder_overrides: dict = option(
+        default_factory=dict, parse=_json_dict, metavar="JSON",
+        help='override preset fields, e.g. \'{"dropout": 0.0, "layer_dropout": 0.0}\' (Conformer) or '
+             '\'{"frontend_channels": [8, 32, 128]}\' (Zipformer)')
+    # streaming-capable Zipformer (icefall zipformer/train.py --causal 1 --chunk-size ... --left-context-frames ...)
+    causal: bool = option(False, help="Zipformer: causal, streaming-capable model trained on chunks (decode with "
+                                      "--chunk-size)")
+    chunk_size: tuple[int, ...] | None = option(
+        None, parse=_int_list, metavar="N,N,...",
+        help="causal Zipformer: chunk sizes in 50 Hz frames, one drawn per batch (default 16,32,64,-1; -1 = full "
+             "context)")
+    left_context_frames: tuple[int, ...] | None = option(
+        None, parse=_int_list, metavar="N,N,...",
+        help="causal Zipformer: left contexts in 50 Hz frames, one drawn per batch (default 64,128,256,-1)")
+    context_size: int = option(2, help="the stateless decoder's context: how many previous tokens it sees")
+    loss: str = option("pruned", choices=LOSSES,
+                       help="full: exact RNN-T; pruned: k2-style pruned RNN-T (simple loss + band of --prune-range); "
+                            "tdt: token-and-duration transducer (the joiner also predicts --tdt-durations)")
+    tdt_durations: tuple[int, ...] = option((0, 1, 2, 3, 4), parse=_duration_list, metavar="N,N,...",
+                                            help="--loss tdt: the frames an emission may advance (NeMo's durations)")
+    tdt_sigma: float = option(0.0, help="--loss tdt: logit under-normalisation subtracted from token log-probs "
+                                        "(NeMo's sigma)")
+    tdt_omega: float = option(0.0, help="--loss tdt: probability of the plain RNN-T loss on the token logits "
+                                        "instead (NeMo's omega)")
+    tdt_aux: str = option("simple", choices=TDT_AUX,
+                          help="--loss tdt: add the pruned loss's smoothed simple loss (warmed up as there), or none")
+    joint_mode: str = option("full", choices=JOINT_MODES,
+                             help="lean: exact loss computed tile by tile without materialising (B,T,U+1,V) logits")
+    loss_backend: str = option("auto", help="rnnt_loss backend (see asrprec.losses.available_backends)")
+    prune_range: int = option(5, help="pruned loss: the band of symbols kept per frame")
+    loss_warmup_batches: int = option(2000, help="pruned loss: batches over which the simple/pruned loss scales "
+                                                 "ramp (icefall warm_step)")
+    # heads and objectives, named as icefall's zipformer/train.py names them
+    use_transducer: bool = option(True, takes_value=True,
+                                  help="the transducer head (decoder + joiner); false with --use-ctc trains a "
+                                       "CTC-only model")
+    use_ctc: bool = option(False, takes_value=True,
+                           help="a CTC head on the encoder (beside the transducer, or alone with --use-transducer "
+                                "false)")
+    ctc_loss_scale: float | None = option(
+        None, help="weight of the CTC loss (default: icefall's recipes' value: 1.0 alone, 0.2 beside a transducer, "
+                   "0.1 beside a transducer with --use-cr-ctc)")
+    use_cr_ctc: bool = option(False, takes_value=True,
+                              help="consistency-regularised CTC (arXiv 2410.05101): two SpecAugment views per "
+                                   "utterance, masked by the model (the data module's SpecAugment is then off); "
+                                   "needs --use-ctc")
+    cr_loss_scale: float | None = option(
+        None, help="weight of CR-CTC's consistency term (default: 0.2 alone, 0.02 beside a transducer)")
+    time_mask_ratio: float | None = option(
+        None, help="CR-CTC's time masking relative to the usual SpecAugment: int(10*r) masks over at most 0.15*r of "
+                   "the frames (default 2.5)")
+
+    def ctc_config(self, time_warp_factor: int | None = None) -> CtcConfig | None:
+        """The :class:`CtcConfig` of the CTC options (``time_warp_factor``: CR-CTC's warping, a recipe's SpecAugment
+        setting), or None without ``use_ctc``.
+
+        Raises:
+            ValueError: a combination without a head, or a CTC or CR-CTC option without ``use_ctc`` /
+                ``use_cr_ctc``.
+        """
+        if not self.use_transducer and not self.use_ctc:
+            raise ValueError("--use-transducer false leaves the model without a head: add --use-ctc (a CTC-only "
+                             "model) or keep the transducer")
+        if not self.use_ctc:
+            given = [f for f, v in (("--use-cr-ctc", self.use_cr_ctc), ("--ctc-loss-scale", self.ctc_loss_scale),
+                                    ("--cr-loss-scale", self.cr_loss_scale),
+                                    ("--time-mask-ratio", self.time_mask_ratio))
+                     if v is not None and v is not False]
+            if given:
+                raise ValueError(f"{', '.join(given)} configure the CTC head: add --use-ctc")
+            return None
+        if not self.use_cr_ctc and (self.cr_loss_scale is not None or self.time_mask_ratio is not None):
+            raise ValueError("--cr-loss-scale and --time-mask-ratio configure CR-CTC: add --use-cr-ctc")
+        extra: dict[str, Any] = {} if self.time_mask_ratio is None else {"time_mask_ratio": self.time_mask_ratio}
+        if self.use_cr_ctc:  # the model warps each utterance before duplicating it
+            extra["time_warp_factor"] = time_warp_factor or None
+        return CtcConfig(ctc_loss_scale=self.ctc_loss_scale, use_cr_ctc=self.use_cr_ctc,
+                         cr_loss_scale=self.cr_loss_scale, **extra)
+
+    def all_encoder_overrides(self) -> dict[str, Any]:
+        """``encoder_overrides`` merged with ``causal``, ``chunk_size`` and ``left_context_frames``.
+
+        Raises:
+            ValueError: causal options for the Conformer, or chunking without ``causal``.
+        """
+        overrides = dict(self.encoder_overrides)
+        chunking = {k: v for k, v in (("chunk_size", self.chunk_size),
+                                      ("left_context_frames", self.left_context_frames)) if v is not None}
+        causal = self.causal or bool(overrides.get("causal", False))
+        if (self.causal or chunking) and self.encoder != "zipformer":
+            raise ValueError(f"--causal, --chunk-size and --left-context-frames need --encoder zipformer "
+                             f"(the {self.encoder} encoder has no causal mode)")
+        if chunking and not causal:
+            raise ValueError("--chunk-size and --left-context-frames train a causal model: add --causal")
+        if self.causal:
+            overrides["causal"] = True
+        overrides.update({k: list(v) for k, v in chunking.items()})
+        return overrides
+
+    def data_spec_augment(self, requested: bool) -> bool:
+        """Whether the data module applies SpecAugment: as ``requested``, except under CR-CTC, whose model masks its
+        two views of the unaugmented features itself (icefall trains CR-CTC with ``--enable-spec-aug 0``)."""
+        return requested and not self.use_cr_ctc
+
+    def tdt_fields(self) -> dict[str, Any]:
+        """The TDT fields of :class:`LossConfig` (only for ``loss="tdt"``: the durations size the joiner, so
+        ``model.json`` records them and decoding rebuilds the duration head from them)."""
+        if self.loss != "tdt":
+            return {}
+        return {"tdt_durations": list(self.tdt_durations), "tdt_sigma": self.tdt_sigma, "tdt_omega": self.tdt_omega,
+                "tdt_aux": self.tdt_aux}
+
+
+def build_model(options: ModelOptions, vocab_size: int, blank_id: int = 0, *, time_warp_factor: int | None = None,
+                **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    """The transducer ``options`` describe and its ``model.json`` record: the encoder's resolved fields (preset +
+    overrides), so that decoding rebuilds this architecture even if the preset changes later.
+
+    Args:
+        options: the model options. vocab_size, blank_id: the tokenizer's.
+        time_warp_factor: CR-CTC's time warping (the recipe's SpecAugment setting).
+        kwargs: to :func:`build_transducer` (e.g. ``model_warmup_batches``).
+    """
+    o = options
+    model = build_transducer(
+        encoder=o.encoder, size=o.size, vocab_size=vocab_size, blank_id=blank_id, context_size=o.context_size,
+        encoder_overrides=o.all_encoder_overrides(), use_transducer=o.use_transducer,
+        ctc=o.ctc_config(time_warp_factor),
+        loss=LossConfig(loss=o.loss, joint_mode=o.joint_mode, backend=o.loss_backend, prune_range=o.prune_range,
+                        loss_warmup_batches=o.loss_warmup_batches, **o.tdt_fields()),
+        **kwargs,
+    )
+    model_config = {"encoder": o.encoder, "size": o.size, "vocab_size": vocab_size, "blank_id": blank_id,
+                    "context_size": o.context_size, "encoder_overrides": resolved_encoder_overrides(model),
+                    "loss": {"loss": o.loss, "joint_mode": o.joint_mode, "backend": o.loss_backend,
+                             "prune_range": o.prune_range, **o.tdt_fields()}}
+    # written only when they differ from the defaults, so that the model.json of a transducer is unchanged
+    if not o.use_transducer:
+        model_config["use_transducer"] = False
+    if model.ctc_config is not None:
+        model_config["ctc"] = dataclasses.asdict(model.ctc_config)
+    return model, model_config

@@ -1,0 +1,119 @@
+"""torch.compile: both encoders trace without a graph break, and a compiled training run equals an eager one.
+
+Graph breaks are counted by ``torch._dynamo.explain`` (tracing only, no code generation); the training test runs
+inductor once, on the smallest model, against the eager run as the independent route.
+"""
+
+import math
+
+import pytest
+import torch
+import torch._dynamo
+
+from asrprec.models import build_transducer, set_batch_count
+from asrprec.models.compile import compile_model
+from asrprec.precision import get_policy
+from asrprec.training import train
+
+from ..reliability.tiny import Tok, config
+
+pytestmark = pytest.mark.torch_compile
+
+
+# Fewer layers than the presets (tracing time grows with the layer count; every module type is still there):
+# two Zipformer stacks (a downsampled stack, the output assembly) with icefall's scheduled dropout (the tiny preset
+# has none), two Conformer layers.
+_OVERRIDES = {"zipformer": {"downsampling_factor": (2, 4), "cnn_module_kernel": (15, 7), "dropout": None},
+              "conformer": {"num_encoder_layers": 2}}
+
+
+def _model(encoder: str, vocab_size: int = 16):
+    torch.manual_seed(0)
+    return build_transducer(encoder=encoder, size="tiny", vocab_size=vocab_size, encoder_overrides=_OVERRIDES[encoder])
+
+
+def _explain(encoder: str, training: bool, autocast: bool, batch_count: float):
+    model = _model(encoder)
+    model.train(training)
+    set_batch_count(model, batch_count)
+    features, lens = torch.randn(2, 60, 80), torch.tensor([60, 45])
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        return torch._dynamo.explain(model.encoder)(features, lens)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("encoder", ["zipformer", "conformer"])
+def test_encoder_traces_without_graph_breaks(encoder, training, autocast):
+    # batch 5000: every schedule still moves (dropout, layer and module skipping, balancer limits and
+    # probabilities, whitening limits) and the position-score skip has reached 0 (see the next test)
+    report = _explain(encoder, training, autocast, batch_count=5000.0)
+    assert report.graph_break_count == 0, [str(b.reason)[:300] for b in report.break_reasons]
+    assert report.graph_count == 1
+
+
+@pytest.mark.slow  # one more full trace of the training graph, in pieces
+def test_position_score_skip_is_the_only_eager_part():
+    # while pos_emb_skip_rate > 0 its draw stays eager (a skipped call leaves linear_pos without a gradient):
+    # docs/compile.md; every break is at that disabled draw
+    report = _explain("zipformer", True, False, batch_count=0.0)
+    reasons = [str(b.reason) for b in report.break_reasons]
+    assert report.graph_break_count > 0
+    assert all("disable" in r for r in reasons), reasons
+
+
+def test_compile_options_are_checked():
+    model = _model("conformer")
+    with pytest.raises(ValueError, match="cannot compile 'decoder'"):
+        compile_model(model, parts=("decoder",))
+    with pytest.raises(ValueError, match="dynamic must be one of"):
+        compile_model(model, dynamic="sometimes")
+
+
+def _batches():
+    # (B, T) vary as under the bucketing sampler; --compile-dynamic (the default) makes one graph for all of them
+    g = torch.Generator().manual_seed(0)
+    texts = ["abc", "de", "ea", "bcd", "a", "ed"]
+    shapes = [(2, 40), (3, 52), (2, 46)]
+    return [{"features": torch.randn(b, t, 80, generator=g), "feature_lens": torch.tensor([t] + [t - 6] * (b - 1)),
+             "texts": [texts[(i + k) % 6] for k in range(b)], "cut_ids": [f"c{i}-{k}" for k in range(b)]}
+            for i, (b, t) in enumerate(shapes)]
+
+
+def _zipformer_for_training():
+    model = _model("zipformer", vocab_size=Tok.vocab_size)
+    # the position-score skip's eager boundary is covered above; without it the encoder is one graph from the
+    # first batch, which keeps this test's single inductor compile small
+    for m in model.modules():
+        if hasattr(m, "pos_emb_skip_rate"):
+            m.pos_emb_skip_rate = 0.0
+    return model
+
+
+@pytest.mark.slow  # three inductor compiles (forward + backward, dynamic shapes) of the training graph
+def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path, one_thread):
+    policy = get_policy("fp32", "cpu")
+    runs = {}
+    for name, compiled in (("eager", False), ("compiled", True)):
+        state = train(model=_zipformer_for_training(), policy=policy, tokenizer=Tok(), train_dl=_batches(),
+                      valid_dl=_batches()[:1], cfg=config(tmp_path / name, num_epochs=2, compile=compiled))
+        runs[name] = (state, torch.load(tmp_path / name / "epoch-2.pt", weights_only=False)["model"])
+    (eager, w_eager), (comp, w_comp) = runs["eager"], runs["compiled"]
+    for he, hc in zip(eager.history, comp.history):
+        assert math.isclose(he["train_loss"], hc["train_loss"], rel_tol=1e-5), (he, hc)
+        assert math.isclose(he["valid_loss"], hc["valid_loss"], rel_tol=1e-5), (he, hc)
+    assert list(w_comp) == list(w_eager)  # no _orig_mod. in the names
+    # weights: Adam divides by the gradient's RMS, so rounding differences in near-zero gradients (the closed-form
+    # Whiten gradient, BiasNorm through plain ops) move a weight by up to a fraction of the step size (lr 3e-3)
+    for k in w_eager:
+        torch.testing.assert_close(w_comp[k], w_eager[k], rtol=0.0, atol=1e-3, msg=k)
+
+    # a compiled run resumed from the compiled run's epoch-1 checkpoint ends where the uninterrupted one did
+    resumed = train(model=_zipformer_for_training(), policy=policy, tokenizer=Tok(), train_dl=_batches(),
+                    valid_dl=_batches()[:1], cfg=config(tmp_path / "resumed", num_epochs=2, compile=True,
+                                                        resume=str(tmp_path / "compiled" / "epoch-1.pt")))
+    w_res = torch.load(tmp_path / "resumed" / "epoch-2.pt", weights_only=False)["model"]
+    assert resumed.batch_idx_train == comp.batch_idx_train
+    for k in w_comp:
+        assert torch.equal(w_res[k], w_comp[k]), k
