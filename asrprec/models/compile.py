@@ -1,11 +1,12 @@
 """``torch.compile`` for a transducer's parts, in place: the compiled model keeps its module tree and state-dict names.
 
 The Zipformer and the Conformer trace whole (no graph break) in training and eval mode, in fp32 and under autocast:
-schedule values enter the graph as symbolic floats, Python ``random`` draws are replayed by dynamo before the graph
+Python ``random`` draws are replayed by dynamo before the graph
 and applied as masks (:func:`asrprec.models.tracing.random_below`), and length checks become in-graph asserts. The
 one boundary left is the Zipformer's position-score skip while its rate is above 0 (the first 4000 batches by
 default; ``attention.py`` says why), and a causal Zipformer's random chunk size, a Python choice per call that
-specialises the graph. What each gives up, measured, is in ``docs/compile.md``.
+specialises the graph. Known problem: the schedules' batch count is guarded as a constant, so each training step
+with a new count recompiles the Zipformer (docs/compile.md).
 
 ``nn.Module.compile`` (not ``torch.compile(module)``) keeps the module itself in the tree: checkpoints never see
 ``_orig_mod.`` names, DDP wraps the model that holds the compiled encoder (the layout PyTorch's DDP notes recommend:
@@ -22,7 +23,7 @@ from torch import nn
 
 from .builders import unwrap_model
 
-__all__ = ["COMPILE_DYNAMIC", "COMPILE_PARTS", "compile_model", "compiled_graph_count"]
+__all__ = ["COMPILE_DYNAMIC", "COMPILE_PARTS", "compile_model", "compiled_graph_count", "prepare_for_tracing"]
 
 #: the parts :func:`compile_model` can compile
 COMPILE_PARTS = ("encoder", "joiner")
@@ -65,10 +66,21 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
         import torch._inductor.config as inductor_config
 
         inductor_config.fallback_random = True
+    prepare_for_tracing(bare)
     for part in parts:
         getattr(bare, part).compile(dynamic=dyn, backend=backend, mode=mode)
     logging.info("torch.compile: %s (backend=%s, dynamic=%s%s)", ", ".join(parts), backend, dynamic,
                  "" if mode is None else f", mode={mode}")
+    return model
+
+
+def prepare_for_tracing(model: nn.Module) -> nn.Module:
+    """Switch the modules that keep Python state between calls (the Zipformer's Whiten probability) to the tensor
+    form a traced graph updates in place; eager results are the same. :func:`compile_model` calls it; call it
+    before ``torch._dynamo.explain`` or your own ``torch.compile``."""
+    for m in model.modules():
+        if hasattr(m, "prepare_for_tracing") and m is not model:
+            m.prepare_for_tracing()
     return model
 
 

@@ -11,7 +11,7 @@ import torch
 import torch._dynamo
 
 from asrprec.models import build_transducer, set_batch_count
-from asrprec.models.compile import compile_model
+from asrprec.models.compile import compile_model, prepare_for_tracing
 from asrprec.precision import get_policy
 from asrprec.training import train
 
@@ -36,6 +36,7 @@ def _explain(encoder: str, training: bool, autocast: bool, batch_count: float):
     model = _model(encoder)
     model.train(training)
     set_batch_count(model, batch_count)
+    prepare_for_tracing(model)
     features, lens = torch.randn(2, 60, 80), torch.tensor([60, 45])
     torch._dynamo.reset()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):

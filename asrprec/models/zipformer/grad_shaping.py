@@ -343,18 +343,28 @@ class Whiten(nn.Module):
         self.num_groups = num_groups
         self.whitening_limit = whitening_limit
         self.min_prob, self.max_prob = prob
-        # the current probability, as a 0-dim float64 tensor (not a buffer: no dtype cast, no state_dict key) that
-        # a compiled graph reads and updates in place; eager code sees it as the float ``prob``
-        self._prob = torch.tensor(float(self.max_prob), dtype=torch.float64)
+        self._prob_value = float(self.max_prob)
+        # the same probability as a 0-dim float64 tensor that a compiled graph reads and updates in place (not a
+        # buffer: no dtype cast, no state_dict key); made by prepare_for_tracing(), so that eager code, and a fake-
+        # tensor memory projection, keep reading a Python float
+        self._prob: Optional[Tensor] = None
         self.grad_scale = grad_scale
+
+    def prepare_for_tracing(self) -> None:
+        """Hold the probability as a tensor from now on (:func:`asrprec.models.compile.compile_model` calls it)."""
+        if self._prob is None:
+            self._prob = torch.tensor(self._prob_value, dtype=torch.float64)
 
     @property
     def prob(self) -> float:
-        return float(self._prob)
+        return float(self._prob) if self._prob is not None else self._prob_value
 
     @prob.setter
     def prob(self, value: float) -> None:
-        self._prob.fill_(float(value))
+        if self._prob is not None:
+            self._prob.fill_(float(value))
+        else:
+            self._prob_value = float(value)
 
     def runtime_state_dict(self) -> dict:
         """``prob`` changes in every backward and is no parameter or buffer; checkpoints keep it here
@@ -380,6 +390,7 @@ class Whiten(nn.Module):
         # input, same value) and sets prob at once. Either way the next forward sees the new prob.
         if x.shape[-1] % self.num_groups != 0:
             raise ValueError(f"Whiten: {x.shape[-1]} channels not divisible into {self.num_groups} groups")
+        self.prepare_for_tracing()  # already done by compile_model; a no-op then
         fire = torch.full((), random.random(), dtype=torch.float64) <= self._prob  # eager skips when r > prob
         with torch.no_grad(), fp32_island():
             xs = x.detach().to(compute_dtype(x)).float().reshape(-1, x.shape[-1])
