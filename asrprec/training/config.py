@@ -65,8 +65,8 @@ class TrainConfig:
              "cuts ...) so a --max-duration that does not fit fails at once with the fix; auto = on CUDA only")
     compile: bool = option(
         False, help="torch.compile the encoder (inductor) in place: every precision policy, DDP and checkpoints as "
-                    "without it; the same losses as an eager run. Pays on runs longer than the compile time "
-                    "(docs/compile.md)")
+                    "without it. Pays on runs longer than the compile time; the Zipformer still recompiles every "
+                    "training step (docs/compile.md)")
     compile_dynamic: bool = option(
         True, help="with --compile: symbolic (B, T) from the first batch, one graph for every shape the bucketing "
                    "sampler makes; off = torch's default, a static graph first and a dynamic one at the first new "

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from asrprec.config import dataclass_from_args
+from asrprec.experiment import prepare_experiment
 
 from .cli import (
     announce, begin_training, build_model_from_args, data_config_from_args, model_options_from_args, policy_from_args,
 )
 from .distributed import get_rank
-from asrprec.experiment import prepare_experiment
 from .loop import train
 
 __all__ = ["train_from_args"]
