@@ -23,7 +23,7 @@ def _parser(**defaults) -> argparse.ArgumentParser:
 def _other_value(f: dataclasses.Field):
     """A valid non-default command-line value for a TrainConfig field, and the value it should parse to."""
     special = {"exp_dir": ("runs/x", "runs/x"), "resume": ("latest", "latest"), "optimizer": ("adamw", "adamw"),
-               "scan_oom": ("off", "off"), "num_epochs": ("12", 12), "start_epoch": ("2", 2),
+               "scan_oom": ("off", "off"), "compile_dynamic": ("auto", "auto"), "num_epochs": ("12", 12), "start_epoch": ("2", 2),
                "max_skipped_fraction": ("0.25", 0.25), "preempt_signals": ("SIGINT", ("SIGINT",))}
     if f.name in special:
         return special[f.name]
@@ -157,11 +157,9 @@ def test_every_model_option_is_a_flag_with_its_default_and_reaches_its_field():
 
 
 def test_decode_and_precision_flags_come_from_their_dataclasses():
-    from asrprec.decoding.experiment import DecodeConfig
     from asrprec.precision import PrecisionOptions
-    from asrprec.training.cli import (
-        add_decoding_args, add_precision_args, decode_config_from_args, precision_options_from_args,
-    )
+    from asrprec.decoding.experiment import DecodeConfig, add_decoding_args, decode_config_from_args
+    from asrprec.training.cli import add_precision_args, precision_options_from_args
 
     p = argparse.ArgumentParser()
     add_decoding_args(p, beam_size=8)
@@ -179,3 +177,11 @@ def test_decode_and_precision_flags_come_from_their_dataclasses():
         decode_config_from_args(p.parse_args(["--epoch", "1", "--tail-padding", "0.66"]))
     cfg = decode_config_from_args(p.parse_args(["--epoch", "2", "--decoding-method", "ctc_prefix_beam_search"]))
     assert (cfg.search().method, cfg.search().beam) == ("ctc_prefix_beam_search", 8)
+
+
+def test_compile_dynamic_of_an_older_config_json_reads_as_its_mode():
+    # runs made when --compile-dynamic was a switch stored true/false in config.json
+    assert TrainConfig(exp_dir="e", compile_dynamic=True).compile_dynamic == "true"
+    assert TrainConfig(exp_dir="e", compile_dynamic=False).compile_dynamic == "auto"
+    with pytest.raises(ValueError, match="compile_dynamic must be one of"):
+        TrainConfig(exp_dir="e", compile_dynamic="always")

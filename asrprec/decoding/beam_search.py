@@ -23,15 +23,9 @@ from .hypothesis import Hypothesis, HypothesisList
 
 
 @torch.no_grad()
-def modified_beam_search(
-    model: nn.Module,
-    encoder_out: torch.Tensor,
-    encoder_out_lens: torch.Tensor,
-    beam: int = 4,
-    *,
-    length_norm: bool = True,
-    return_hypotheses: bool = False,
-) -> list[list[int]] | list[HypothesisList]:
+def modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, beam: int = 4, *,
+                         length_norm: bool = True,
+                         return_hypotheses: bool = False) -> list[list[int]] | list[HypothesisList]:
     """Beam search over label sequences with one symbol per frame, batched across utterances.
 
     Scores are fp32 log-softmax values (computed in an fp32 island whatever the model's dtype) summed in

@@ -7,12 +7,13 @@ policy; :func:`decode_splits` decodes each split and writes, into the folder, ic
 (``<tag>`` = method, epoch, avg, precision and the options that change results).
 
 What to decode is one :class:`DecodeConfig` (its fields are the recipes' decoding flags,
-:func:`asrprec.training.cli.add_decoding_args`), in the precision a
+:func:`add_decoding_args`), in the precision a
 :class:`~asrprec.precision.PrecisionOptions` names.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from torch import nn
 
-from asrprec.config import option
+from asrprec.config import add_dataclass_args, dataclass_from_args, option
 from asrprec.data.validate import CHECK_MODES
 
 from asrprec.models.compile import COMPILE_DYNAMIC
@@ -93,6 +94,16 @@ class DecodingSetup:
     weights: str
     streaming: tuple[int, int] | None
     min_input_frames: int = 1
+
+
+def add_decoding_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
+    """One flag per :class:`DecodeConfig` field; ``defaults`` are the recipe's."""
+    add_dataclass_args(p, DecodeConfig, defaults=defaults)
+
+
+def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
+    """The :class:`DecodeConfig` of the :func:`add_decoding_args` flags."""
+    return dataclass_from_args(DecodeConfig, args)
 
 
 def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> str:
@@ -203,7 +214,7 @@ def decode_from_args(args: Any, *, tokenizer_path: str | Path | Callable[[], str
                      load_splits: Callable[[], Mapping[str, Any]], max_duration: float,
                      on_the_fly_feats: bool = False) -> dict[str, dict[str, Any]]:
     """A recipe's ``decode.py`` as one call: the model of ``args.exp_dir`` with the weights, search and precision
-    the flags name (:func:`asrprec.training.cli.add_decoding_args`, ``add_precision_args``), decoded on the splits
+    the flags name (:func:`add_decoding_args`, ``add_precision_args``), decoded on the splits
     ``load_splits()`` returns, result files written into ``args.exp_dir``.
 
     Args:
@@ -214,7 +225,7 @@ def decode_from_args(args: Any, *, tokenizer_path: str | Path | Callable[[], str
     """
     from asrprec.data import AsrDataModule, DataConfig
     from asrprec.tokenizer import Tokenizer
-    from asrprec.training.cli import decode_config_from_args, precision_options_from_args, setup_logging
+    from asrprec.training.cli import precision_options_from_args, setup_logging
 
     setup_logging()
     cfg = decode_config_from_args(args)

@@ -17,14 +17,9 @@ from ._common import decoder_step, joint_logits, model_device, sort_and_project
 
 
 @torch.no_grad()
-def greedy_search(
-    model: nn.Module,
-    encoder_out: torch.Tensor,
-    encoder_out_lens: torch.Tensor,
-    max_sym_per_frame: int = 1,
-    *,
-    return_timestamps: bool = False,
-) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
+                  max_sym_per_frame: int = 1, *,
+                  return_timestamps: bool = False) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
     """Greedy transducer decoding of a batch.
 
     On each frame, take the argmax token; if it is not blank, emit it, update the decoder and try the

@@ -329,16 +329,10 @@ class LabelLoopingGreedy:
         return autocast_without_cache(self.device.type)
 
 
-def label_looping_greedy_search(
-    model: nn.Module,
-    encoder_out: torch.Tensor,
-    encoder_out_lens: torch.Tensor,
-    max_sym_per_frame: int = 1,
-    *,
-    return_timestamps: bool = False,
-    use_cuda_graphs: bool | None = None,
-    window: int = 8,
-) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+def label_looping_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
+                                max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
+                                use_cuda_graphs: bool | None = None,
+                                window: int = 8) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
     """Greedy transducer decoding of a batch by label looping (same results as ``greedy_search``).
 
     Legend: B utterances, T encoder frames, D_enc encoder width.

@@ -163,14 +163,9 @@ class StreamingTdtGreedySearch:
 
 
 @torch.no_grad()
-def tdt_greedy_search(
-    model: nn.Module,
-    encoder_out: torch.Tensor,
-    encoder_out_lens: torch.Tensor,
-    max_sym_per_frame: int = 1,
-    *,
-    return_timestamps: bool = False,
-) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+def tdt_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
+                      max_sym_per_frame: int = 1, *,
+                      return_timestamps: bool = False) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
     """Batched TDT greedy search: each utterance advances by its predicted durations (the rules in the module
     docstring); one joiner call per step for every utterance with frames left, the decoder only for those that
     emitted.
@@ -224,16 +219,9 @@ def _merge(pool: dict[tuple[int, ...], TdtHypothesis], hyp: TdtHypothesis) -> No
 
 
 @torch.no_grad()
-def tdt_modified_beam_search(
-    model: nn.Module,
-    encoder_out: torch.Tensor,
-    encoder_out_lens: torch.Tensor,
-    beam: int = 4,
-    max_sym_per_frame: int = 1,
-    *,
-    length_norm: bool = True,
-    return_hypotheses: bool = False,
-) -> list[list[int]] | list[list[TdtHypothesis]]:
+def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, beam: int = 4,
+                             max_sym_per_frame: int = 1, *, length_norm: bool = True,
+                             return_hypotheses: bool = False) -> list[list[int]] | list[list[TdtHypothesis]]:
     """Modified beam search adapted to durations, batched across utterances.
 
     icefall's ``modified_beam_search`` moves every hypothesis one frame per step; here each hypothesis waits at its

@@ -134,15 +134,10 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
         self._after_labels(s)
 
 
-def tdt_label_looping_greedy_search(
-    model: nn.Module,
-    encoder_out: torch.Tensor,
-    encoder_out_lens: torch.Tensor,
-    max_sym_per_frame: int = 1,
-    *,
-    return_timestamps: bool = False,
-    use_cuda_graphs: bool | None = None,
-) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+def tdt_label_looping_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
+                                    max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
+                                    use_cuda_graphs: bool | None = None,
+                                    ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
     """TDT greedy decoding of a batch by label looping (same results as :func:`asrprec.decoding.tdt_greedy_search`).
 
     Args:

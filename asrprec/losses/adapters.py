@@ -12,16 +12,9 @@ from .._optional import require
 from ..precision.islands import fp32_island
 
 
-def rnnt_loss_torchaudio(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    logit_lens: torch.Tensor,
-    target_lens: torch.Tensor,
-    *,
-    blank: int = 0,
-    clamp: float | None = None,
-    fastemit_lambda: float = 0.0,
-) -> torch.Tensor:
+def rnnt_loss_torchaudio(logits: torch.Tensor, targets: torch.Tensor, logit_lens: torch.Tensor,
+                         target_lens: torch.Tensor, *, blank: int = 0, clamp: float | None = None,
+                         fastemit_lambda: float = 0.0) -> torch.Tensor:
     """``torchaudio.functional.rnnt_loss`` (fused log-softmax), per-utterance costs as float32.
 
     torchaudio accepts fp32 and fp16 logits only (fp16 costs come back rounded to fp16), has no
@@ -61,16 +54,8 @@ def _k2_costs(k2, logits, symbols, blank, boundary):
     return k2.rnnt_loss(logits=logits, symbols=symbols, termination_symbol=blank, boundary=boundary, reduction="none")
 
 
-def rnnt_loss_k2(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    logit_lens: torch.Tensor,
-    target_lens: torch.Tensor,
-    *,
-    blank: int = 0,
-    clamp: float | None = None,
-    fastemit_lambda: float = 0.0,
-) -> torch.Tensor:
+def rnnt_loss_k2(logits: torch.Tensor, targets: torch.Tensor, logit_lens: torch.Tensor, target_lens: torch.Tensor, *,
+                 blank: int = 0, clamp: float | None = None, fastemit_lambda: float = 0.0) -> torch.Tensor:
     """``k2.rnnt_loss`` (k2 ``k2/python/k2/rnnt_loss.py``), per-utterance costs as float32 (fp64 for fp64).
 
     k2 computes in fp32/fp64 only, so fp16/bf16 logits are promoted inside an fp32 island (a

@@ -72,16 +72,8 @@ def fused_rnnt_backend(name: str, forward: Callable, doc: str) -> Callable[..., 
     expected), given its ``forward(logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda,
     need_grad) -> (costs, gradient or None)``."""
 
-    def loss(
-        logits: torch.Tensor,
-        targets: torch.Tensor,
-        logit_lens: torch.Tensor,
-        target_lens: torch.Tensor,
-        *,
-        blank: int = 0,
-        clamp: float | None = None,
-        fastemit_lambda: float = 0.0,
-    ) -> torch.Tensor:
+    def loss(logits: torch.Tensor, targets: torch.Tensor, logit_lens: torch.Tensor, target_lens: torch.Tensor, *,
+             blank: int = 0, clamp: float | None = None, fastemit_lambda: float = 0.0) -> torch.Tensor:
         return kept_gradient_costs(forward, logits, targets, logit_lens, target_lens, blank, clamp, fastemit_lambda)
 
     loss.__name__ = loss.__qualname__ = name
@@ -93,16 +85,8 @@ def fused_tdt_backend(name: str, forward: Callable, doc: str) -> Callable[..., t
     """The TDT registry function of a fused kernel (``BackendSpec.tdt_fn``), given its ``forward(logits, targets,
     logit_lens, target_lens, durations, blank, sigma, need_grad) -> (costs, gradient or None)``."""
 
-    def loss(
-        logits: torch.Tensor,
-        targets: torch.Tensor,
-        logit_lens: torch.Tensor,
-        target_lens: torch.Tensor,
-        *,
-        durations: tuple[int, ...],
-        blank: int = 0,
-        sigma: float = 0.0,
-    ) -> torch.Tensor:
+    def loss(logits: torch.Tensor, targets: torch.Tensor, logit_lens: torch.Tensor, target_lens: torch.Tensor, *,
+             durations: tuple[int, ...], blank: int = 0, sigma: float = 0.0) -> torch.Tensor:
         return kept_gradient_costs(forward, logits, targets, logit_lens, target_lens, durations, blank, sigma)
 
     loss.__name__ = loss.__qualname__ = name

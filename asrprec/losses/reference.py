@@ -107,16 +107,8 @@ def _clamped_costs_and_grad(logits, targets, logit_lens, target_lens, blank, cla
     return costs.detach(), grad.clamp_(-clamp, clamp)
 
 
-def rnnt_loss_torch(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    logit_lens: torch.Tensor,
-    target_lens: torch.Tensor,
-    *,
-    blank: int = 0,
-    clamp: float | None = None,
-    fastemit_lambda: float = 0.0,
-) -> torch.Tensor:
+def rnnt_loss_torch(logits: torch.Tensor, targets: torch.Tensor, logit_lens: torch.Tensor, target_lens: torch.Tensor, *,
+                    blank: int = 0, clamp: float | None = None, fastemit_lambda: float = 0.0) -> torch.Tensor:
     """Per-utterance RNN-T costs, plain PyTorch (validated inputs expected).
 
     Legend: B batch, T frames, U target tokens (U+1 lattice rows), V vocabulary (blank included).

@@ -55,14 +55,8 @@ def _skew(x: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, out, torch.full_like(out, _NEG)).permute(1, 0, 2, 3)
 
 
-def tdt_nll_from_logprobs(
-    lb: torch.Tensor,
-    ly: torch.Tensor,
-    ld: torch.Tensor,
-    logit_lens: torch.Tensor,
-    target_lens: torch.Tensor,
-    durations: tuple[int, ...],
-) -> torch.Tensor:
+def tdt_nll_from_logprobs(lb: torch.Tensor, ly: torch.Tensor, ld: torch.Tensor, logit_lens: torch.Tensor,
+                          target_lens: torch.Tensor, durations: tuple[int, ...]) -> torch.Tensor:
     """-log P per utterance, (B,) float64 (+inf when infeasible), from the per-cell log-probs of :func:`tdt_logprobs`.
 
     α(0,0) = 0; α(t,u) = logsumexp over d of α(t-d,u)+lb(t-d,u)+ld_d(t-d,u) (d > 0) and
@@ -110,16 +104,8 @@ def tdt_nll_from_logprobs(
     return torch.where(ll > _INFEASIBLE, -ll, torch.full_like(ll, float("inf")))
 
 
-def tdt_loss_torch(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    logit_lens: torch.Tensor,
-    target_lens: torch.Tensor,
-    *,
-    durations: tuple[int, ...],
-    blank: int = 0,
-    sigma: float = 0.0,
-) -> torch.Tensor:
+def tdt_loss_torch(logits: torch.Tensor, targets: torch.Tensor, logit_lens: torch.Tensor, target_lens: torch.Tensor, *,
+                   durations: tuple[int, ...], blank: int = 0, sigma: float = 0.0) -> torch.Tensor:
     """Per-utterance TDT costs, plain PyTorch (validated inputs expected).
 
     Args:

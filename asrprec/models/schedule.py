@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
-__all__ = ["FloatLike", "ScheduledFloat", "set_batch_count", "warmup_fraction"]
+from .tracing import is_tracing
+
+__all__ = ["FloatLike", "ScheduledFloat", "is_zero", "schedule_value", "set_batch_count", "warmup_fraction"]
 
 
 def warmup_fraction(batch_count: float, warmup_batches: float) -> float:
@@ -41,6 +44,11 @@ class ScheduledFloat(nn.Module):
     and stays there. ``float(sf)`` returns ``default`` in eval mode or while ``batch_count`` is unset, as in
     icefall. It is an ``nn.Module`` (without parameters) so that ``model.train()/eval()`` and
     :func:`set_batch_count` reach it through ``model.modules()``.
+
+    For ``torch.compile`` the current value is also kept in a 0-dim float64 tensor that changes in place
+    (:meth:`as_tensor`), so a compiled graph reads it at run time instead of guarding on the batch count, and
+    :attr:`settled` is the value once it can no longer change (eval mode, no batch count yet, or past the last
+    point), else None: a graph specialises on it and is compiled again only when a schedule settles.
     """
 
     def __init__(self, *points: Tuple[float, float], default: float = 0.0):
@@ -50,7 +58,35 @@ class ScheduledFloat(nn.Module):
         pts = sorted((float(b), float(v)) for b, v in points)
         self.points = pts
         self.default = float(default)
-        self.batch_count: Optional[float] = None
+        self._batch_count: Optional[float] = None
+        # a plain attribute, not a buffer: no state_dict key, and model.to(dtype) leaves it float64
+        self._value = torch.tensor(self.default, dtype=torch.float64)
+        self.settled: Optional[float] = self.default
+
+    @property
+    def batch_count(self) -> Optional[float]:
+        return self._batch_count
+
+    @batch_count.setter
+    def batch_count(self, count: Optional[float]) -> None:
+        self._batch_count = None if count is None else float(count)
+        self._refresh()
+
+    def train(self, mode: bool = True) -> "ScheduledFloat":
+        super().train(mode)
+        self._refresh()
+        return self
+
+    def _refresh(self) -> None:
+        value = float(self)
+        with torch.no_grad():
+            self._value.fill_(value)
+        moving = self.training and self._batch_count is not None and self._batch_count < self.points[-1][0]
+        self.settled = None if moving else value
+
+    def as_tensor(self) -> Tensor:
+        """The current value as a 0-dim float64 tensor, updated in place when the batch count or mode changes."""
+        return self._value
 
     def value_at(self, batch_count: float) -> float:
         pts = self.points
@@ -73,6 +109,21 @@ class ScheduledFloat(nn.Module):
 
 
 FloatLike = Union[float, ScheduledFloat]
+
+
+def schedule_value(v: FloatLike) -> Union[float, Tensor]:
+    """``float(v)``; while ``torch.compile`` traces, a schedule that is still moving is given as its 0-dim tensor
+    (:meth:`ScheduledFloat.as_tensor`) so that the graph is not specialised on the batch count. Callers use the
+    result with tensor operations, and test ``isinstance(r, float)`` before branching on it in Python."""
+    if isinstance(v, ScheduledFloat) and is_tracing():
+        # never float(v) here: it reads the batch count, which a graph would then be specialised on
+        return v.as_tensor() if v.settled is None else v.settled
+    return float(v)
+
+
+def is_zero(value: Union[float, Tensor]) -> bool:
+    """True for a Python float equal to 0; a tensor from :func:`schedule_value` is never known to be zero."""
+    return isinstance(value, float) and value == 0.0
 
 
 def set_batch_count(model: nn.Module, batch_count: float) -> None:

@@ -180,20 +180,6 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise SystemExit(f"error: {e}") from None
 
 
-def add_decoding_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
-    """One flag per :class:`asrprec.decoding.experiment.DecodeConfig` field; ``defaults`` are the recipe's."""
-    from asrprec.decoding.experiment import DecodeConfig
-
-    add_dataclass_args(p, DecodeConfig, defaults=defaults)
-
-
-def decode_config_from_args(args: argparse.Namespace):
-    """The :class:`asrprec.decoding.experiment.DecodeConfig` of the :func:`add_decoding_args` flags."""
-    from asrprec.decoding.experiment import DecodeConfig
-
-    return dataclass_from_args(DecodeConfig, args)
-
-
 def resolve_device(name: str | None) -> str:
     """``name``, or cuda if available else cpu; under torchrun ``cuda`` is this process's ``cuda:LOCAL_RANK``."""
     from .distributed import rank_device

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from asrprec.config import option, strict_from_dict
+from asrprec.models.compile import COMPILE_DYNAMIC
 
 OPTIMIZERS = ("scaled_adam", "adamw")
 SCAN_OOM_MODES = ("auto", "on", "off")
@@ -65,12 +66,12 @@ class TrainConfig:
              "cuts ...) so a --max-duration that does not fit fails at once with the fix; auto = on CUDA only")
     compile: bool = option(
         False, help="torch.compile the encoder (inductor) in place: every precision policy, DDP and checkpoints as "
-                    "without it. Pays on runs longer than the compile time; the Zipformer still recompiles every "
-                    "training step (docs/compile.md)")
-    compile_dynamic: bool = option(
-        True, help="with --compile: symbolic (B, T) from the first batch, one graph for every shape the bucketing "
-                   "sampler makes; off = torch's default, a static graph first and a dynamic one at the first new "
-                   "shape")
+                    "without it. Pays on runs much longer than the compile time (docs/compile.md)")
+    compile_dynamic: str = option(
+        "true", choices=COMPILE_DYNAMIC,
+        help="with --compile: true = symbolic (B, T) from the first batch, one graph for every shape the bucketing "
+             "sampler makes; auto = torch's default, a static graph first and a dynamic one at the first new shape; "
+             "false = a graph per shape")
     compile_joiner: bool = option(False, help="with --compile: also compile the joiner (the loss's logits)")
     preempt_signals: tuple[str, ...] = option(
         ("SIGTERM", "SIGUSR1"), metavar="SIG,SIG,...",
@@ -83,6 +84,10 @@ class TrainConfig:
             raise ValueError(f"ref_duration must be >= 0 seconds (0 = this run's max_duration), got {self.ref_duration}")
         if not self.encoder_schedule_scale > 0:
             raise ValueError(f"encoder_schedule_scale must be > 0, got {self.encoder_schedule_scale}")
+        if isinstance(self.compile_dynamic, bool):  # config.json of a run made when the flag was a switch
+            self.compile_dynamic = "true" if self.compile_dynamic else "auto"
+        if self.compile_dynamic not in COMPILE_DYNAMIC:
+            raise ValueError(f"compile_dynamic must be one of {COMPILE_DYNAMIC}, got {self.compile_dynamic!r}")
         if self.scan_oom not in SCAN_OOM_MODES:
             raise ValueError(f"scan_oom must be one of {SCAN_OOM_MODES}, got {self.scan_oom!r}")
         if self.average_period < 0:

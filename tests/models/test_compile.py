@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from asrprec.models import build_transducer, set_batch_count
+from asrprec.models import ScheduledFloat, build_transducer, set_batch_count
 from asrprec.models.compile import compile_model, prepare_for_tracing
 from asrprec.precision import get_policy
 from asrprec.training import train
@@ -62,6 +62,54 @@ def test_position_score_skip_is_the_only_eager_part():
     reasons = [str(b.reason) for b in report.break_reasons]
     assert report.graph_break_count > 0
     assert all("disable" in r for r in reasons), reasons
+
+
+def _counting_backend(graphs):
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    return backend
+
+
+def test_moving_schedules_are_read_at_run_time_not_compiled_in():
+    # a layer-skipping bypass whose skip rate and scale floor move with the batch count: one graph serves every
+    # count, and at each it gives what eager mode gives with the same random state (the schedule's current value,
+    # not the one it had when the graph was made)
+    from asrprec.models.zipformer.layers import BypassModule
+
+    m = BypassModule(8, skip_rate=ScheduledFloat((0.0, 0.5), (4000.0, 0.02), default=0.0)).train()
+    graphs = []
+    torch._dynamo.reset()
+    compiled = torch.compile(m, backend=_counting_backend(graphs), dynamic=False)
+    a, b = torch.randn(5, 16, 8), torch.randn(5, 16, 8)
+    outs = {}
+    for count in (100.0, 2000.0, 3999.0):
+        set_batch_count(m, count)
+        for name, fn in (("eager", m), ("compiled", compiled)):
+            torch.manual_seed(1)
+            outs[name] = fn(a, b)
+        torch.testing.assert_close(outs["compiled"], outs["eager"], rtol=0, atol=0)
+    assert len(graphs) == 1
+    # past the last point the schedule has settled: one more graph, specialised on its constant value
+    set_batch_count(m, 5000.0)
+    compiled(a, b)
+    compiled(a, b)
+    assert len(graphs) == 2
+
+
+def test_zipformer_training_graph_is_not_recompiled_as_schedules_move():
+    # every ScheduledFloat moves between these counts (dropout, skipping, balancer limits, whitening limits)
+    model = _model("zipformer").train()
+    prepare_for_tracing(model)
+    graphs = []
+    torch._dynamo.reset()
+    encoder = torch.compile(model.encoder, backend=_counting_backend(graphs), dynamic=False)
+    features, lens = torch.randn(2, 60, 80), torch.tensor([60, 45])
+    for count in (5000.0, 5001.0, 7000.0):
+        set_batch_count(model, count)
+        out, out_lens = encoder(features, lens)
+        out.sum().backward()
+    assert len(graphs) == 1
 
 
 def test_compile_options_are_checked():

@@ -110,7 +110,8 @@ def test_encoder_overrides_flag_parses_json_and_rejects_non_objects():
 def test_causal_flags_become_zipformer_overrides():
     import argparse
 
-    from asrprec.training.cli import add_decoding_args, add_model_args, encoder_overrides_from_args
+    from asrprec.decoding.experiment import add_decoding_args
+    from asrprec.training.cli import add_model_args, encoder_overrides_from_args
 
     p = argparse.ArgumentParser()
     add_model_args(p)

@@ -12,7 +12,7 @@ Facts follow k2-fsa/icefall ``egs/librispeech/ASR/zipformer/scaling.py`` (``Swoo
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from asrprec.precision.islands import compute_dtype, fp32_island, upcast
 
-from ..schedule import FloatLike
+from ..schedule import FloatLike, schedule_value
+from .dropout import dropout_mask
 from .linear import scaled_linear
 
 __all__ = ["ActivationDropoutAndLinear", "SwooshL", "SwooshR", "act_dropout_linear", "softmax", "swoosh_l",
@@ -135,15 +136,11 @@ class _ActDropLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, kind: str, p: float, shared_dim: int):
+    def forward(ctx, x, weight, bias, kind: str, mask: Optional[Tensor]):
         cdtype = compute_dtype(x)
         with fp32_island():
             y = _swoosh_fp32(upcast(x), kind)
-            mask = None
-            if p > 0.0:
-                shape = list(x.shape)
-                shape[shared_dim] = 1
-                mask = ((torch.rand(shape, device=x.device) > p).to(cdtype)) * (1.0 / (1.0 - p))
+            if mask is not None:
                 y = y * mask
             y = y.to(cdtype)
             out = F.linear(y, weight.to(cdtype), None if bias is None else bias.to(cdtype))
@@ -173,7 +170,7 @@ class _ActDropLinear(torch.autograd.Function):
                 gb = upcast(g2).sum(dim=0).to(bias.dtype)
             if ctx.needs_input_grad[0]:
                 gx = d.mul_(g @ weight.to(cdtype)).to(x.dtype)
-        return gx, gw, gb, None, None, None
+        return gx, gw, gb, None, None
 
 
 class ActivationDropoutAndLinear(nn.Module):
@@ -193,11 +190,13 @@ class ActivationDropoutAndLinear(nn.Module):
         self.dropout_shared_dim = dropout_shared_dim
 
     def forward(self, x: Tensor) -> Tensor:
-        p = float(self.dropout_p) if self.training else 0.0
+        p = schedule_value(self.dropout_p) if self.training else 0.0
         return act_dropout_linear(x, self.weight, self.bias, self.activation, p, self.dropout_shared_dim)
 
 
-def act_dropout_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, dropout_p: float = 0.0,
-                       dropout_shared_dim: int = 0) -> Tensor:
-    """Functional form of :class:`ActivationDropoutAndLinear`: ``linear(dropout(swoosh(x)), weight, bias)``."""
-    return _ActDropLinear.apply(x, weight, bias, activation, dropout_p, dropout_shared_dim)
+def act_dropout_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
+                       dropout_p: Union[float, Tensor] = 0.0, dropout_shared_dim: int = 0) -> Tensor:
+    """Functional form of :class:`ActivationDropoutAndLinear`: ``linear(dropout(swoosh(x)), weight, bias)``.
+    ``dropout_p`` may be a 0-dim tensor (a moving schedule while compiling)."""
+    mask = dropout_mask(x, dropout_p, dropout_shared_dim, compute_dtype(x))
+    return _ActDropLinear.apply(x, weight, bias, activation, mask)

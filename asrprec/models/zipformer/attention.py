@@ -87,9 +87,10 @@ class CompactRelPositionalEncoding(nn.Module):
 
 
 @torch.compiler.disable
-def _draw_below(rate: float) -> bool:
-    """``random.random() < rate`` outside any compiled graph (see the position-score skip below)."""
-    return random.random() < rate
+def _draw_below(rate: FloatLike) -> bool:
+    """``random.random() < rate`` outside any compiled graph (see the position-score skip below); reading a
+    schedule here keeps the graph from specialising on the batch count."""
+    return random.random() < float(rate)
 
 
 class RelPositionMultiheadAttentionWeights(nn.Module):
@@ -138,13 +139,14 @@ class RelPositionMultiheadAttentionWeights(nn.Module):
         traced = is_tracing()
         keep = True
         if self.training:
-            rate = float(self.pos_emb_skip_rate)
             # A skipped call leaves linear_pos without a gradient (None), which an optimizer treats differently
             # from a zero one, so no mask can stand in for the skip: while the rate is above 0 (the first 4000
             # batches by default) the draw stays eager, a documented graph break (docs/compile.md).
+            rate = self.pos_emb_skip_rate
+            settled = rate.settled if isinstance(rate, ScheduledFloat) else float(rate)
             if not traced:
-                keep = random.random() >= rate
-            elif rate != 0.0:
+                keep = random.random() >= float(rate)
+            elif settled is None or settled != 0.0:
                 keep = not _draw_below(rate)
             else:
                 random.random()  # the draw eager mode makes (and always passes), keeping the random sequence

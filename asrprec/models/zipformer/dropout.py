@@ -3,13 +3,31 @@
 
 from __future__ import annotations
 
+from typing import Optional, Union
+
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..schedule import FloatLike
+from ..schedule import FloatLike, is_zero, schedule_value
 
-__all__ = ["Dropout2", "Dropout3"]
+__all__ = ["Dropout2", "Dropout3", "dropout_mask"]
+
+
+def dropout_mask(x: Tensor, p: Union[float, Tensor], shared_dim: Optional[int] = None,
+                 dtype: Optional[torch.dtype] = None) -> Optional[Tensor]:
+    """The scaled keep-mask ``(u > p) / (1 - p)`` for ``x`` (``u`` uniform, one draw per element, or shared along
+    ``shared_dim``), in ``dtype`` (default x's); None when ``p`` is 0.
+
+    ``p`` may be a 0-dim tensor (a moving schedule while compiling, :func:`asrprec.models.schedule.schedule_value`).
+    Drawn with ``torch.rand`` in eager and compiled code alike, so a compiled graph that falls back to eager random
+    ops (inductor's ``fallback_random``) drops the same elements as an eager run with the same seed.
+    """
+    if is_zero(p):
+        return None
+    shape = list(x.shape)
+    if shared_dim is not None:
+        shape[shared_dim] = 1
+    return (torch.rand(shape, device=x.device) > p).to(dtype or x.dtype) * (1.0 / (1.0 - p))
 
 
 class Dropout2(nn.Module):
@@ -20,7 +38,8 @@ class Dropout2(nn.Module):
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.dropout(x, p=float(self.p), training=self.training)
+        mask = dropout_mask(x, schedule_value(self.p)) if self.training else None
+        return x if mask is None else x * mask
 
 
 class Dropout3(nn.Module):
@@ -31,10 +50,5 @@ class Dropout3(nn.Module):
         self.p, self.shared_dim = p, shared_dim
 
     def forward(self, x: Tensor) -> Tensor:
-        p = float(self.p)
-        if not self.training or p == 0.0:
-            return x
-        shape = list(x.shape)
-        shape[self.shared_dim] = 1
-        mask = (torch.rand(shape, device=x.device) > p).to(x.dtype) * (1.0 / (1.0 - p))
-        return x * mask
+        mask = dropout_mask(x, schedule_value(self.p), self.shared_dim) if self.training else None
+        return x if mask is None else x * mask

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..schedule import FloatLike, ScheduledFloat
+from ..schedule import FloatLike, ScheduledFloat, is_zero, schedule_value
 from ..tracing import is_tracing
 from .activations import SwooshR, act_dropout_linear
 from .dropout import Dropout3
@@ -82,8 +82,8 @@ class ConvNeXt(nn.Module):
         h = self.hidden_balancer(h)
         h = act_dropout_linear(h, self.pointwise_conv2.weight.flatten(1), self.pointwise_conv2.bias, "SwooshL")
         x = h.permute(0, 3, 1, 2)  # (B, C, T, F), channels-last strides
-        rate = float(self.layerdrop_rate)
-        if self.training and rate != 0.0:
+        rate = schedule_value(self.layerdrop_rate)
+        if self.training and not is_zero(rate):
             x = x * (torch.rand(x.shape[0], 1, 1, 1, device=x.device) > rate).to(x.dtype)
         x = self.out_balancer(bypass + x)
         if self.training and x.requires_grad:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import math
 import random
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
 from asrprec.precision.islands import compute_dtype, fp32_island, upcast
 
-from ..schedule import FloatLike, ScheduledFloat
+from ..schedule import FloatLike, ScheduledFloat, schedule_value
 from ..tracing import is_tracing, random_below
 
 __all__ = ["Balancer", "ScaleGrad", "Whiten", "balancer_grad", "limit_param_value", "penalize_abs_values_gt",
@@ -59,9 +59,13 @@ def limit_param_value(x: Tensor, lo: FloatLike, hi: FloatLike, prob: float = 0.6
     return x
 
 
-def _as_tensor(v: FloatLike) -> Tensor:
-    """A float (or a traced symbolic float) as a 0-dim float64 tensor: an input a compiled graph reads at run time."""
-    return torch.full((), float(v), dtype=torch.float64)
+def _as_tensor(v: Union[FloatLike, Tensor]) -> Tensor:
+    """A float or schedule as a 0-dim float64 tensor; a moving schedule gives its own tensor, which a compiled
+    graph reads at run time (:func:`asrprec.models.schedule.schedule_value`)."""
+    if isinstance(v, Tensor):
+        return v
+    r = schedule_value(v)
+    return r if isinstance(r, Tensor) else torch.full((), r, dtype=torch.float64)
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -235,7 +239,7 @@ class Balancer(nn.Module):
 
     def _traced(self, x: Tensor) -> Tensor:
         # the same draw and limits as the eager branch, as tensors: the draw scales grad_scale to 0 or keeps it
-        fire = random_below(float(self.prob))
+        fire = random_below(schedule_value(self.prob))
         p = torch.stack((_as_tensor(self.min_positive), _as_tensor(self.max_positive)))
         z = 2.0 * p - 1.0
         means = 0.8139535143 * (torch.log(1 + z + 1.0e-10) - torch.log(1 - z + 1.0e-10)) / 2.0

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from asrprec.precision.islands import compute_dtype, fp32_island, upcast
 
-from ..schedule import FloatLike, ScheduledFloat
+from ..schedule import FloatLike, ScheduledFloat, is_zero, schedule_value
 from ..tracing import is_tracing, random_below
 from .activations import ActivationDropoutAndLinear
 from .attention import CompactRelPositionalEncoding, NonlinAttention, RelPositionMultiheadAttentionWeights, \
@@ -232,12 +232,12 @@ class BypassModule(nn.Module):
     def _scale(self, batch_size: int) -> Tensor:
         if not self.training:
             return self.bypass_scale
-        ans = limit_param_value(self.bypass_scale, float(self.scale_min), float(self.scale_max))
-        skip = float(self.skip_rate)
-        if skip != 0.0:
+        ans = limit_param_value(self.bypass_scale, schedule_value(self.scale_min), schedule_value(self.scale_max))
+        skip = schedule_value(self.skip_rate)
+        if not is_zero(skip):
             ans = ans * (torch.rand((batch_size, 1), device=ans.device) > skip).to(ans.dtype)
-        st = float(self.straight_through_rate)
-        if st != 0.0:
+        st = schedule_value(self.straight_through_rate)
+        if not is_zero(st):
             ans = torch.maximum(ans, (torch.rand((batch_size, 1), device=ans.device) < st).to(ans.dtype))
         return ans
 
@@ -245,8 +245,8 @@ class BypassModule(nn.Module):
         return bypass(src_orig, src, self._scale(src.shape[1]))
 
 
-def _sequence_mask(x: Tensor, rate: float, training: bool) -> Optional[Tensor]:
-    if rate == 0.0 or not training:
+def _sequence_mask(x: Tensor, rate: Union[float, Tensor], training: bool) -> Optional[Tensor]:
+    if not training or is_zero(rate):
         return None
     return (torch.rand(x.shape[1], 1, device=x.device) > rate).to(x.dtype)
 
@@ -306,7 +306,7 @@ class Zipformer2EncoderLayer(nn.Module):
                 key_padding_mask: Optional[Tensor] = None) -> Tensor:
         src_orig = src
         tr = self.training
-        attn_mask_seq = _sequence_mask(src, float(self.attention_skip_rate) if tr else 0.0, tr)
+        attn_mask_seq = _sequence_mask(src, schedule_value(self.attention_skip_rate) if tr else 0.0, tr)
         attn_weights = self.self_attn_weights(src, pos_emb=pos_emb, attn_mask=attn_mask,
                                               key_padding_mask=key_padding_mask)
         src = src + self.feed_forward1(src)
@@ -316,7 +316,7 @@ class Zipformer2EncoderLayer(nn.Module):
             # the same draw; the graph selects between both weightings instead of branching
             uniform = (selected > 0.0).to(selected.dtype)
             uniform = uniform * (1.0 / uniform.sum(dim=-1, keepdim=True))
-            selected = torch.where(random_below(float(self.const_attention_rate)), uniform, selected)
+            selected = torch.where(random_below(schedule_value(self.const_attention_rate)), uniform, selected)
         elif tr and random.random() < float(self.const_attention_rate):
             # replace by uniform averaging over the unmasked keys (pushes NonlinAttention towards averaging)
             selected = (selected > 0.0).to(selected.dtype)
@@ -325,10 +325,10 @@ class Zipformer2EncoderLayer(nn.Module):
         src = src + _apply_mask(na, attn_mask_seq)
         src = src + _apply_mask(self.self_attn1(src, attn_weights), attn_mask_seq)
 
-        conv_rate = float(self.conv_skip_rate) if tr else 0.0
+        conv_rate = schedule_value(self.conv_skip_rate) if tr else 0.0
         src = src + _apply_mask(self.conv_module1(src, key_padding_mask, chunk_size),
                                 _sequence_mask(src, conv_rate, tr))
-        ff2_rate = float(self.ff2_skip_rate) if tr else 0.0
+        ff2_rate = schedule_value(self.ff2_skip_rate) if tr else 0.0
         src = src + _apply_mask(self.balancer_ff2(self.feed_forward2(src)), _sequence_mask(src, ff2_rate, tr))
 
         src = self.bypass_mid(src_orig, src)
@@ -336,7 +336,7 @@ class Zipformer2EncoderLayer(nn.Module):
         src = src + _apply_mask(self.self_attn2(src, attn_weights), attn_mask_seq)
         src = src + _apply_mask(self.conv_module2(src, key_padding_mask, chunk_size),
                                 _sequence_mask(src, conv_rate, tr))
-        ff3_rate = float(self.ff3_skip_rate) if tr else 0.0
+        ff3_rate = schedule_value(self.ff3_skip_rate) if tr else 0.0
         src = src + _apply_mask(self.balancer_ff3(self.feed_forward3(src)), _sequence_mask(src, ff3_rate, tr))
 
         src = self.norm(self.balancer1(src))
