@@ -2,7 +2,7 @@
 
 The schedule is Eden (k2-fsa/icefall ``egs/librispeech/ASR/zipformer/optim.py``) for both optimizers:
 ``lr = base_lr · ((b²+lr_batches²)/lr_batches²)^-¼ · ((e²+lr_epochs²)/lr_epochs²)^-¼ · warm-up``, with ``b``
-the adjusted batch count (:func:`asrprec.training.loop.schedule_batches_per_step`).
+the adjusted batch count (:func:`asrprec.training.schedules.schedule_batches_per_step`).
 """
 
 from __future__ import annotations

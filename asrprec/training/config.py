@@ -30,6 +30,11 @@ class TrainConfig:
                               "resumed run continues exactly where the checkpoint was written. auto: as latest if "
                               "there is a complete checkpoint, else start a new run (one command line for the first "
                               "start and every restart by torchrun --max-restarts or a requeue)")
+    init_from: str = option("", metavar="FILE",
+                            help="start a new run from the weights of FILE (epoch-N.pt or checkpoint-N.pt of a run "
+                                 "with the same architecture, any precision): fine-tuning, as icefall's "
+                                 "--do-finetune. The optimizer, learning-rate schedule and batch count start afresh. "
+                                 "Not read when the run resumes (its checkpoint holds the weights)")
     overwrite: bool = option(False, help="start a new run in an --exp-dir that holds another run's checkpoints "
                                          "(deleting them), or resume from an older checkpoint (deleting the newer "
                                          "ones)")
@@ -44,7 +49,7 @@ class TrainConfig:
     warmup_batches: int = option(500, help="Eden: linear warm-up over this many (adjusted) batches")
     ref_duration: float = option(
         0.0, help="seconds of audio one schedule batch stands for (icefall: 600); 0 = the per-rank "
-                  "--max-duration (asrprec.training.loop.schedule_batches_per_step explains the adjusted count)")
+                  "--max-duration (asrprec.training.schedules.schedule_batches_per_step explains the adjusted count)")
     encoder_schedule_scale: float = option(
         1.0, help="the encoder's own schedules (Zipformer dropout, layer skipping, balancers) see the adjusted batch "
                   "count x this; a tiny corpus trained for ~1,500 batches wants > 1")

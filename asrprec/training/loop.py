@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from asrprec import checkpoint as ckpt
-from asrprec.models import set_batch_count, unwrap_model
+from asrprec.models import unwrap_model
 from asrprec.models.compile import compile_model, compiled_graph_count
 from asrprec.optim.factories import optimizer_from_config, scheduler_from_config
 from asrprec.precision import PrecisionPolicy
@@ -73,6 +73,7 @@ from .reporting import (
     write_precision,
 )
 from .preemption import PreemptionWatch, preempted_ranks, stop_for_preemption
+from .schedules import schedule_batches_per_step, set_schedule_counts
 from .resume import EpochProgress, TrainState, batch_cut_ids, checkpoint_extra, epoch_iterator, restore
 from .skips import (
     NONFINITE,
@@ -119,40 +120,7 @@ def _grad_norm(model: nn.Module) -> float:
     return float(torch.stack(norms).norm()) if norms else 0.0
 
 
-# -- schedules and rank agreement ------------------------------------------------------------------
-
-
-def schedule_batches_per_step(cfg: TrainConfig, train_dl: Any) -> float:
-    """How far the schedules' batch count moves per optimizer step: ``world_size × max_duration / ref_duration``.
-
-    This is the one statement of why schedules count data, not steps. The schedules (Eden's batch index, the
-    transducer's loss-scale and model warm-ups, the encoder's own schedules) see ``adjusted_batch_count``, which
-    grows by this much per step (k2-fsa/icefall ``egs/librispeech/ASR/zipformer/train.py``,
-    ``get_adjusted_batch_count``, which applies it to the encoder's schedules only); ``max_duration`` is the
-    training sampler's per-rank value. So N GPUs at the same per-rank ``max_duration`` move N times faster per
-    step, at the same pace per hour of audio. ``ref_duration=0`` takes this run's ``max_duration``: a step counts
-    ``world_size`` batches, and a single process counts its optimizer steps. A set ``ref_duration`` (icefall:
-    600 s) also keeps the schedules per hour of audio across a change of ``max_duration``; ``lr_batches`` and
-    ``loss_warmup_batches`` are then in batches of ``ref_duration`` seconds.
-    """
-    world = get_world_size()
-    if not cfg.ref_duration:
-        return float(world)
-    max_duration = sampler_max_duration(getattr(train_dl, "sampler", None))
-    if max_duration is None:
-        raise ValueError(f"ref_duration={cfg.ref_duration:g} needs the training sampler's max_duration, and this "
-                         "loader's sampler has none (a lhotse sampler has). Fix: use a lhotse sampler, or "
-                         "ref_duration=0 to count batches")
-    return world * max_duration / cfg.ref_duration
-
-
-def set_schedule_counts(model: nn.Module, scheduler, batch_count: float, cfg: TrainConfig) -> None:
-    """Tell Eden, the model's warm-ups and (× ``encoder_schedule_scale``) the encoder's schedules where
-    training is, in adjusted batches."""
-    set_batch_count(model, batch_count)
-    if cfg.encoder_schedule_scale != 1.0 and hasattr(model, "encoder"):
-        set_batch_count(model.encoder, batch_count * cfg.encoder_schedule_scale)
-    scheduler.step_batch(batch_count)
+# -- rank agreement ------------------------------------------------------------------
 
 
 def forward_on_every_rank(model: nn.Module, batch: dict[str, Any], tokenizer, policy: PrecisionPolicy,
@@ -460,6 +428,12 @@ def train(
     seed_everything(cfg.seed + get_rank())
     check_sharded(train_dl, "training")
     per_step = schedule_batches_per_step(cfg, train_dl)
+    if cfg.init_from and resume_from is None:
+        # before the policy's cast: the bf16 policy's master weights are made from the weights loaded here
+        weights = ckpt.read_checkpoint(cfg.init_from)["model"]
+        ckpt.load_model_weights(model, weights, source=f"--init-from {cfg.init_from}",
+                                fix="pass a checkpoint of a run with this model's flags (its model.json)")
+        logging.info("initialised the weights from %s (fine-tuning: new optimizer and schedule)", cfg.init_from)
     model = policy.prepare_model(model)
     if scan_wanted(cfg.scan_oom, policy, train_dl):
         # before DDP: a backward pass through the bare model of a DDP wrapper leaves DDP's record of the

@@ -84,7 +84,7 @@ class TrainState:
 
     epoch: int = 1
     batch_idx_train: int = 0
-    # the batch count the schedules see (asrprec.training.loop.schedule_batches_per_step)
+    # the batch count the schedules see (asrprec.training.schedules.schedule_batches_per_step)
     adjusted_batch_count: float = 0.0
     best_valid_loss: float = math.inf
     best_valid_epoch: int = -1

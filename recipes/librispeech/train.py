@@ -25,7 +25,7 @@ from asrprec.training.cli import (
 
 HERE = Path(__file__).resolve().parent
 PREPARE_HINT = "run python recipes/librispeech/prepare.py with the same --subset and --data-dir"
-# Every schedule counts audio, not steps (asrprec.training.loop.schedule_batches_per_step). icefall's LibriSpeech
+# Every schedule counts audio, not steps (asrprec.training.schedules.schedule_batches_per_step). icefall's LibriSpeech
 # runs (4 GPUs x max-duration 1000, ref-duration 600) move the count by 6.67 per step; icefall applies it to the
 # encoder's schedules and counts raw steps for Eden (lr-batches 7500, warm-up 500) and the loss warm-up (2000).
 # The defaults below are those step counts x 6.67, so on 4 GPUs every schedule matches icefall's, and on 1 or 8

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from asrprec.checkpoint import average_checkpoints, find_epoch_checkpoints
+from asrprec.checkpoint import CheckpointMismatchError, average_checkpoints, find_epoch_checkpoints
 from asrprec.models import Decoder, Joiner, Transducer
 from asrprec.precision import get_policy
 from asrprec.training import train
@@ -39,6 +39,36 @@ def test_resume_equals_uninterrupted(tmp_path, precision):
     for k in full:
         assert torch.equal(full[k], res[k]), k
     assert math.isclose(state.history[-1]["valid_loss"], state_b.history[-1]["valid_loss"], rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_init_from_starts_from_the_checkpoints_weights(tmp_path, precision):
+    # the other route: the same weights loaded by hand with load_state_dict before a plain new run
+    policy = get_policy(precision, "cpu")
+    train(model=make_model(), policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=loader(),
+          valid_dl=loader(2, 1), cfg=cfg(tmp_path / "a", num_epochs=1))
+    source = tmp_path / "a" / "epoch-1.pt"
+    train(model=make_model(), policy=policy, tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
+          cfg=cfg(tmp_path / "b", num_epochs=1, init_from=str(source)))
+    by_hand = make_model()
+    by_hand.load_state_dict(torch.load(source, weights_only=False)["model"])
+    train(model=by_hand, policy=policy, tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
+          cfg=cfg(tmp_path / "c", num_epochs=1))
+    got = torch.load(tmp_path / "b" / "epoch-1.pt", weights_only=False)["model"]
+    want = torch.load(tmp_path / "c" / "epoch-1.pt", weights_only=False)["model"]
+    fresh = make_model().state_dict()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    assert any(not torch.equal(got[k].float(), fresh[k]) for k in fresh)
+
+
+def test_init_from_a_checkpoint_of_another_model_names_the_fix(tmp_path):
+    train(model=make_model(), policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=loader(),
+          valid_dl=loader(2, 1), cfg=cfg(tmp_path / "a", num_epochs=1))
+    other = Transducer(LinearEncoder(), Decoder(6, 24), Joiner(16, 24, 16, 6))  # a wider decoder
+    with pytest.raises(CheckpointMismatchError, match="--init-from .* does not fit this model.*Fix: pass a checkpoint"):
+        train(model=other, policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=loader(), valid_dl=loader(2, 1),
+              cfg=cfg(tmp_path / "b", num_epochs=1, init_from=str(tmp_path / "a" / "epoch-1.pt")))
 
 
 def test_training_learns_and_writes_artifacts(tmp_path):
