@@ -12,7 +12,9 @@ The numbers come from ``benchmarks/data/results.json``, which records what the b
 * ``memory_per_policy.png``: activation memory saved for backward (measured), and the projected peak of a whole
   Zipformer-medium training step (fake tensors: a lower bound) for asrprec and icefall at the same batch by the same
   tool, part by part, with icefall's published measurements beside them;
-* ``recipe_training.png``: the embedded recipe's validation loss per epoch and its test WER per precision policy.
+* ``recipe_training.png``: the embedded recipe's validation loss per epoch and its test WER per precision policy;
+* ``bf16_updates.png``: validation loss per epoch of the embedded recipe under the bf16 policy's weight updates
+  (``--bf16-update``) against fp32 and amp-bf16, at reduced learning rates where bf16 rounding loses updates.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: Path, source: str, bottom: float) -> Path:
+    """Write ``fig`` to ``path`` with ``source`` (command, hardware, date) along its bottom edge."""
+    fig.text(0.01, 0.01, source, fontsize=7, wrap=True)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_loss_backends(data: dict, out: Path) -> Path:
     plt = _pyplot()
     rows = data["rnnt_loss_cpu"]["rows"]
@@ -58,12 +69,7 @@ def plot_loss_backends(data: dict, out: Path) -> Path:
     ax_m.set_ylabel("extra peak memory in forward+backward (MB)")
     ax_m.set_title("asrprec numba: extra memory = 1.0-1.05x the logits")
     ax_m.set_xticks(list(x), labels, fontsize=8)
-    fig.text(0.01, 0.01, f"{legend}. {data['rnnt_loss_cpu']['source']}", fontsize=7)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    path = out / "loss_backends.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "loss_backends.png", f"{legend}. {data['rnnt_loss_cpu']['source']}", bottom=0.04)
 
 
 def _bars_by_preset(ax, rows: list[dict], key: str = "mb") -> None:
@@ -89,12 +95,7 @@ def plot_memory(data: dict, out: Path) -> Path:
     ax_a.set_ylabel("saved for backward (MB)")
     ax_a.set_title("Zipformer activations, B=4 x 10 s (measured, CPU)")
     _step_memory_bars(ax_p, data["step_memory"])
-    fig.text(0.01, 0.01, "right: " + data["step_memory"]["source"], fontsize=7, wrap=True)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    path = out / "memory_per_policy.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "memory_per_policy.png", "right: " + data["step_memory"]["source"], bottom=0.06)
 
 
 STEP_PARTS = (("model + optimizer", ("parameters", "buffers", "master_weights", "master_gradients", "optimizer_state",
@@ -152,18 +153,38 @@ def plot_recipe(data: dict, out: Path) -> Path:
     ax_w.set_ylabel("test WER (%)")
     ax_w.set_title("Embedded recipe: WER per precision policy")
     ax_w.legend(fontsize=8)
-    fig.text(0.01, 0.01, data["recipe_wer_by_policy"]["source"], fontsize=7)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    path = out / "recipe_training.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "recipe_training.png", data["recipe_wer_by_policy"]["source"], bottom=0.04)
+
+
+UPDATE_STYLES = {"fp32": ("tab:blue", "-"), "amp-bf16": ("tab:green", "-"), "bf16 master": ("tab:red", "-"),
+                 "bf16 kahan": ("tab:purple", "--"), "bf16 stochastic": ("tab:orange", "-."),
+                 "bf16 none": ("black", ":")}
+
+
+def plot_bf16_updates(data: dict, out: Path) -> Path:
+    plt = _pyplot()
+    settings = data["bf16_updates"]["settings"]
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4), squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        for name, seeds in setting["runs"].items():
+            color, style = UPDATE_STYLES.get(name, (None, "-"))
+            first = setting.get("first_epoch", 1)  # 0: the starting model's loss comes first
+            for i, (seed, losses) in enumerate(sorted(seeds.items())):
+                ax.plot(range(first, first + len(losses)), losses, color=color, linestyle=style, marker="o", markersize=3,
+                        label=name if i == 0 else None)
+        ax.set_xlabel("epoch")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_ylabel("validation loss per frame")
+        ax.set_title(setting["title"], fontsize=9)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, out / "bf16_updates.png", data["bf16_updates"]["source"], bottom=0.05)
 
 
 def render_all(results: Path, out: Path) -> list[Path]:
     data = json.loads(Path(results).read_text())
     out.mkdir(parents=True, exist_ok=True)
-    return [plot_loss_backends(data, out), plot_memory(data, out), plot_recipe(data, out)]
+    return [plot_loss_backends(data, out), plot_memory(data, out), plot_recipe(data, out),
+            plot_bf16_updates(data, out)]
 
 
 def main() -> None:
