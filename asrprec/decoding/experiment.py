@@ -24,7 +24,7 @@ from torch import nn
 from asrprec.config import add_dataclass_args, dataclass_from_args, option
 from asrprec.data.validate import CHECK_MODES
 
-from asrprec.models.compile import COMPILE_DYNAMIC
+from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES
 
 from .api import METHODS, DecodingOptions
 from .label_looping import DEFAULT_GREEDY_METHOD, GREEDY_METHODS
@@ -67,6 +67,7 @@ class DecodeConfig:
                                   help="--compile's shape handling: auto = a static graph, then a dynamic one at "
                                        "the first new (B, T); true = dynamic from the first batch; false = a graph "
                                        "per shape")
+    compile_mode: str = option("default", choices=COMPILE_MODES, help="--compile's torch.compile mode")
     tail_padding: float = option(0.0, metavar="SECONDS",
                                  help="with --streaming: end each stream as a sherpa-onnx client does, with this much "
                                       "silence appended to the audio (its examples: 0.66) and only whole chunks "
@@ -150,7 +151,7 @@ def load_for_decoding(exp_dir: Path | str, cfg: DecodeConfig, precision: Any) ->
     if cfg.compile and not cfg.streaming:  # streaming runs streaming_forward, not forward
         from asrprec.models.compile import compile_model
 
-        compile_model(model, dynamic=cfg.compile_dynamic)
+        compile_model(model, dynamic=cfg.compile_dynamic, mode=cfg.compile_mode)
     streaming = (cfg.chunk_size, cfg.left_context_frames) if cfg.streaming else None
     return DecodingSetup(model=model, policy=policy, tag=result_tag(cfg, precision.precision, streaming_tag),
                          weights=weights, streaming=streaming, min_input_frames=min_frames)

@@ -23,13 +23,17 @@ from torch import nn
 
 from .builders import unwrap_model
 
-__all__ = ["COMPILE_DYNAMIC", "COMPILE_PARTS", "compile_model", "compiled_graph_count", "prepare_for_tracing"]
+__all__ = ["COMPILE_DYNAMIC", "COMPILE_MODES", "COMPILE_PARTS", "compile_model", "compiled_graph_count",
+           "prepare_for_tracing"]
 
 #: the parts :func:`compile_model` can compile
 COMPILE_PARTS = ("encoder", "joiner")
 #: ``dynamic`` choices: ``auto`` = torch's default (static first, dynamic once a shape changes), ``true`` = every
 #: size symbolic from the first call, ``false`` = a graph per shape
 COMPILE_DYNAMIC = ("auto", "true", "false")
+#: ``mode`` choices of ``torch.compile`` (``default`` = None); on a GPU ``max-autotune-no-cudagraphs`` tries more
+#: kernel configurations at a longer compile, and CUDA graphs (``reduce-overhead``) need static shapes
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def _dynamic_arg(dynamic: str) -> Optional[bool]:
@@ -46,16 +50,27 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
         parts: submodule names from :data:`COMPILE_PARTS` (``joiner`` compiles the joiner's forward, which the
             pruned and full losses call on their (B, T, K or U+1, J) inputs).
         dynamic: one of :data:`COMPILE_DYNAMIC`; the bucketing sampler's (B, T) vary every batch.
-        backend / mode: passed to ``torch.compile`` (``"eager"`` / ``"aot_eager"`` backends trace without
-            generating code: for tests).
+        backend: a ``torch.compile`` backend: ``inductor`` generates kernels; ``aot_eager`` traces forward and
+            backward as inductor would but runs them with eager kernels, in a fraction of the compile time: a cheap
+            check that a model traces and trains as in eager mode.
+        mode: one of :data:`COMPILE_MODES` (None = ``default``).
         eager_random: generated code draws dropout masks and other random tensors with torch's own kernels
             (``torch._inductor.config.fallback_random``), so a compiled run draws the same numbers as an eager
             one and resumes exactly; False lets inductor fuse its own random number generation.
 
     Raises:
-        ValueError: an unknown part or ``dynamic`` value, or a model without that part.
+        ValueError: an unknown part, ``dynamic``, ``backend`` or ``mode``, or a model without that part.
     """
     dyn = _dynamic_arg(dynamic)
+    if mode == "default":
+        mode = None
+    if mode is not None and mode not in COMPILE_MODES:
+        raise ValueError(f"mode must be one of {COMPILE_MODES}, got {mode!r}")
+    import torch._dynamo
+
+    backends = torch._dynamo.list_backends(exclude_tags=())
+    if isinstance(backend, str) and backend not in backends:
+        raise ValueError(f"unknown torch.compile backend {backend!r}: choose from {', '.join(sorted(backends))}")
     bare = unwrap_model(model)
     for part in parts:
         if part not in COMPILE_PARTS:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from asrprec.config import option, strict_from_dict
-from asrprec.models.compile import COMPILE_DYNAMIC
+from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES
 
 OPTIMIZERS = ("scaled_adam", "adamw")
 SCAN_OOM_MODES = ("auto", "on", "off")
@@ -78,6 +78,13 @@ class TrainConfig:
              "sampler makes; auto = torch's default, a static graph first and a dynamic one at the first new shape; "
              "false = a graph per shape")
     compile_joiner: bool = option(False, help="with --compile: also compile the joiner (the loss's logits)")
+    compile_backend: str = option(
+        "inductor", help="with --compile: the torch.compile backend. aot_eager traces forward and backward as inductor "
+                         "does but runs eager kernels: a quick check that a model compiles and trains as in eager "
+                         "mode before paying for inductor's code generation")
+    compile_mode: str = option("default", choices=COMPILE_MODES,
+                               help="with --compile: torch.compile's mode (max-autotune-no-cudagraphs: a longer "
+                                    "compile that tries more GPU kernel configurations)")
     preempt_signals: tuple[str, ...] = option(
         ("SIGTERM", "SIGUSR1"), metavar="SIG,SIG,...",
         help="on one of these signals (SLURM --signal, Kubernetes before it kills a pod) every rank stops at the next "

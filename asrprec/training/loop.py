@@ -441,7 +441,7 @@ def train(
         scan_on_every_rank(model, train_dl, tokenizer, policy, encoder_schedule_scale=cfg.encoder_schedule_scale)
     if cfg.compile:  # in place, before DDP: DDP wraps the model that holds the compiled encoder
         compile_model(model, parts=("encoder", "joiner") if cfg.compile_joiner else ("encoder",),
-                      dynamic=cfg.compile_dynamic)
+                      dynamic=cfg.compile_dynamic, backend=cfg.compile_backend, mode=cfg.compile_mode)
     # DDP after the cast (it broadcasts and hooks the parameters as they are) and before the optimizer (the
     # bf16 master weights copy rank 0's broadcast values)
     model = wrap_model(model, policy.device)

@@ -112,56 +112,91 @@ def test_zipformer_training_graph_is_not_recompiled_as_schedules_move():
     assert len(graphs) == 1
 
 
+def test_zipformer_training_graph_serves_every_length_with_dynamic_shapes():
+    # --compile-dynamic true: (B, T) symbolic; a Python branch on T (e.g. "is T a multiple of the downsampling
+    # factor") would guard the graph and compile it again for each residue
+    model = _model("zipformer").train()
+    set_batch_count(model, 5000.0)
+    prepare_for_tracing(model)
+    graphs = []
+    torch._dynamo.reset()
+    encoder = torch.compile(model.encoder, backend=_counting_backend(graphs), dynamic=True)
+    for b, t in ((2, 60), (3, 62), (2, 64), (3, 66), (4, 77)):  # 50 Hz lengths 26 to 29 and 35: every residue mod 4
+        out, out_lens = encoder(torch.randn(b, t, 80), torch.tensor([t] + [t - 5] * (b - 1)))
+        out.sum().backward()
+    assert len(graphs) == 1
+
+
 def test_compile_options_are_checked():
     model = _model("conformer")
     with pytest.raises(ValueError, match="cannot compile 'decoder'"):
         compile_model(model, parts=("decoder",))
     with pytest.raises(ValueError, match="dynamic must be one of"):
         compile_model(model, dynamic="sometimes")
+    with pytest.raises(ValueError, match="unknown torch.compile backend 'inductr'"):
+        compile_model(model, backend="inductr")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        compile_model(model, mode="fastest")
 
 
-def _batches():
-    # (B, T) vary as under the bucketing sampler; --compile-dynamic (the default) makes one graph for all of them
+def _batches(shapes=((2, 46), (2, 46), (2, 46))):
     g = torch.Generator().manual_seed(0)
     texts = ["abc", "de", "ea", "bcd", "a", "ed"]
-    shapes = [(2, 40), (3, 52), (2, 46)]
     return [{"features": torch.randn(b, t, 80, generator=g), "feature_lens": torch.tensor([t] + [t - 6] * (b - 1)),
              "texts": [texts[(i + k) % 6] for k in range(b)], "cut_ids": [f"c{i}-{k}" for k in range(b)]}
             for i, (b, t) in enumerate(shapes)]
 
 
-def _zipformer_for_training():
-    model = _model("zipformer", vocab_size=Tok.vocab_size)
+def _model_for_training(encoder: str):
+    model = _model(encoder, vocab_size=Tok.vocab_size)
     # the position-score skip's eager boundary is covered above; without it the encoder is one graph from the
-    # first batch, which keeps this test's single inductor compile small
+    # first batch
     for m in model.modules():
         if hasattr(m, "pos_emb_skip_rate"):
-            m.pos_emb_skip_rate = 0.0
+            m.pos_emb_skip_rate = ScheduledFloat((0.0, 0.0))  # settled at 0 from the first batch
     return model
 
 
-@pytest.mark.slow  # three inductor compiles (forward + backward, dynamic shapes) of the training graph
-def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path, one_thread):
+# aot_eager traces forward and backward exactly as inductor does (dynamo, AOTAutograd, the partitioner) and runs the
+# graphs with eager kernels: what can make a compiled run differ from an eager one in what it computes (replayed
+# Python draws, schedules read from tensors, masks instead of branches, the closed-form Whiten gradient, in-graph
+# asserts, state carried across a resume) is all there. inductor's generated kernels add only rounding; on 2 cores
+# its compile of even this small model takes ~10 minutes, so that run is in the slow tier. One static shape keeps
+# the default tier to one training graph and one validation graph per run (the dynamic-shape graph is checked by
+# the test above, at dynamo's level, and by the slow runs).
+@pytest.mark.parametrize("encoder,backend", [
+    ("zipformer", "aot_eager"), ("conformer", "aot_eager"),
+    pytest.param("zipformer", "inductor", marks=pytest.mark.slow),
+    pytest.param("conformer", "inductor", marks=pytest.mark.slow)])
+def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path, one_thread, encoder, backend):
     policy = get_policy("fp32", "cpu")
+    slow = backend == "inductor"  # (B, T) varying as under the bucketing sampler, one dynamic graph
+    batches = _batches(((2, 40), (3, 52), (2, 46)) if slow else ((2, 46),) * 3)
+    opts = dict(compile_backend=backend, compile_dynamic="true" if slow else "false")
     runs = {}
     for name, compiled in (("eager", False), ("compiled", True)):
-        state = train(model=_zipformer_for_training(), policy=policy, tokenizer=Tok(), train_dl=_batches(),
-                      valid_dl=_batches()[:1], cfg=config(tmp_path / name, num_epochs=2, compile=compiled))
+        state = train(model=_model_for_training(encoder), policy=policy, tokenizer=Tok(), train_dl=batches,
+                      valid_dl=batches[:1], cfg=config(tmp_path / name, num_epochs=2, compile=compiled, **opts))
         runs[name] = (state, torch.load(tmp_path / name / "epoch-2.pt", weights_only=False)["model"])
     (eager, w_eager), (comp, w_comp) = runs["eager"], runs["compiled"]
+    assert [h["epoch"] for h in comp.history] == [1, 2]
     for he, hc in zip(eager.history, comp.history):
         assert math.isclose(he["train_loss"], hc["train_loss"], rel_tol=1e-5), (he, hc)
         assert math.isclose(he["valid_loss"], hc["valid_loss"], rel_tol=1e-5), (he, hc)
     assert list(w_comp) == list(w_eager)  # no _orig_mod. in the names
     # weights: Adam divides by the gradient's RMS, so rounding differences in near-zero gradients (the closed-form
-    # Whiten gradient, BiasNorm through plain ops) move a weight by up to a fraction of the step size (lr 3e-3)
-    for k in w_eager:
-        torch.testing.assert_close(w_comp[k], w_eager[k], rtol=0.0, atol=1e-3, msg=k)
+    # Whiten gradient, BiasNorm through plain ops) move a weight by up to a fraction of the step size (lr 3e-3).
+    # The attention's in_proj.bias is left out: its key part has an exactly-zero gradient (a softmax does not change
+    # when the same q.b is added to every score), so Adam takes full-size steps along whatever rounding leaves there.
+    diffs = {k: float((w_comp[k].double() - w_eager[k].double()).abs().max()) for k in w_eager
+             if w_eager[k].numel() and not k.endswith("in_proj.bias")}
+    worst = sorted(diffs.items(), key=lambda kv: -kv[1])[:5]
+    assert worst[0][1] < 1e-3, worst
 
     # a compiled run resumed from the compiled run's epoch-1 checkpoint ends where the uninterrupted one did
-    resumed = train(model=_zipformer_for_training(), policy=policy, tokenizer=Tok(), train_dl=_batches(),
-                    valid_dl=_batches()[:1], cfg=config(tmp_path / "resumed", num_epochs=2, compile=True,
-                                                        resume=str(tmp_path / "compiled" / "epoch-1.pt")))
+    resumed = train(model=_model_for_training(encoder), policy=policy, tokenizer=Tok(), train_dl=batches,
+                    valid_dl=batches[:1], cfg=config(tmp_path / "resumed", num_epochs=2, compile=True, **opts,
+                                                     resume=str(tmp_path / "compiled" / "epoch-1.pt")))
     w_res = torch.load(tmp_path / "resumed" / "epoch-2.pt", weights_only=False)["model"]
     assert resumed.batch_idx_train == comp.batch_idx_train
     for k in w_comp:

@@ -4,7 +4,7 @@ SimpleDownsample function, the channels-last ConvNeXt and the front-end's permut
 import torch
 import torch.nn.functional as F
 
-from asrprec.models.zipformer.frontend import ConvNeXt, ZipformerConv2dSubsampling
+from asrprec.models.zipformer.frontend import ConvNeXt, ZipformerConv2dSubsampling, _DepthwiseConv2d
 from asrprec.models.zipformer.layers import SimpleDownsample, _SimpleDownsampleFunction
 from asrprec.models.zipformer.linear import Linear
 
@@ -84,11 +84,21 @@ def test_convnext_channels_last_matches_nchw_reference():
     yr = _convnext_ref(m, xr)
     torch.testing.assert_close(y, yr)
     g = torch.randn_like(yr)
-    params = [m.depthwise_conv.weight, m.pointwise_conv1.weight, m.pointwise_conv2.weight, m.pointwise_conv2.bias]
+    params = [m.depthwise_conv.weight, m.depthwise_conv.bias, m.pointwise_conv1.weight, m.pointwise_conv2.weight,
+              m.pointwise_conv2.bias]
     got = torch.autograd.grad(y, [x] + params, g)
     want = torch.autograd.grad(yr, [xr] + params, g)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+def test_depthwise_conv_backward_gradcheck():
+    # the custom-op backward (channels-last copies, for torch.compile) against finite differences
+    torch.manual_seed(3)
+    x = torch.randn(2, 3, 9, 5, dtype=torch.float64).contiguous(memory_format=torch.channels_last).requires_grad_()
+    w = torch.randn(3, 1, 3, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: _DepthwiseConv2d.apply(*a, (1, 2)), (x, w, b))
 
 
 def test_frontend_flatten_matches_channel_major_flatten():

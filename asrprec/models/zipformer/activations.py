@@ -65,18 +65,25 @@ def softmax(x: Tensor, dim: int) -> Tensor:
 #   SwooshR(x) = log(1 + e^(x-1)) - 0.08 x - 0.313261687
 #   derivative: sigmoid(x - offset) - 0.08, in (-0.08, 0.92): a range of width 1, stored as uint8.
 
-_SWOOSH = {"SwooshL": (4.0, 0.035), "SwooshR": (1.0, 0.313261687)}
-_DERIV_MIN = -0.08
+_SWOOSH = ("SwooshL", "SwooshR")
+_DERIV_MIN = -0.08  # a literal where it is used in traced code (see _swoosh_constants)
+
+
+def _swoosh_constants(kind: str) -> tuple[float, float]:
+    """(offset, const) of ``kind``, as literals: under ``torch.compile(dynamic=True)`` dynamo turns a float read from
+    a module-level table into a symbolic graph input, which it cannot lift into an autograd.Function's subgraph
+    ("lift_tracked_freevar_to_input should not be called on root SubgraphTracer", torch 2.14)."""
+    return (4.0, 0.035) if kind == "SwooshL" else (1.0, 0.313261687)
 
 
 def _swoosh_from_z(z: Tensor, kind: str) -> Tensor:
     # with z = x - offset: swoosh = softplus(z) - 0.08 z - (const + 0.08 offset); two of the passes in place
-    offset, const = _SWOOSH[kind]
+    offset, const = _swoosh_constants(kind)
     return F.softplus(z).sub_(z, alpha=0.08).sub_(const + 0.08 * offset)
 
 
 def _swoosh_fp32(xf: Tensor, kind: str) -> Tensor:
-    return _swoosh_from_z(xf - _SWOOSH[kind][0], kind)
+    return _swoosh_from_z(xf - _swoosh_constants(kind)[0], kind)
 
 
 @fp32_island(output="input")
@@ -88,7 +95,7 @@ class _SwooshFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, kind: str) -> Tensor:
         with fp32_island():
-            z = upcast(x) - _SWOOSH[kind][0]  # shared by the value and the derivative
+            z = upcast(x) - _swoosh_constants(kind)[0]  # shared by the value and the derivative
             if ctx.needs_input_grad[0]:
                 # d - _DERIV_MIN = sigmoid(x - offset) in [0, 1]: quantise it directly (no clamp needed);
                 # + 0.5 then truncation in the uint8 cast = round half up
@@ -100,7 +107,7 @@ class _SwooshFunction(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         (q,) = ctx.saved_tensors
         with fp32_island():
-            gi = q.float().mul_(1.0 / 255.0).add_(_DERIV_MIN).mul_(g)
+            gi = q.float().mul_(1.0 / 255.0).add_(-0.08).mul_(g)  # + _DERIV_MIN
         return gi.to(g.dtype), None
 
 
@@ -154,7 +161,7 @@ class _ActDropLinear(torch.autograd.Function):
         cdtype = ctx.cdtype
         gx = gw = gb = None
         with fp32_island():
-            z = upcast(x) - _SWOOSH[ctx.kind][0]  # shared by the derivative and the recomputed activation
+            z = upcast(x) - _swoosh_constants(ctx.kind)[0]  # shared by the derivative and the recomputed activation
             d = torch.sigmoid(z).sub_(0.08)
             if mask is not None:
                 d = d * mask

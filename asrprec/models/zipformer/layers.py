@@ -483,13 +483,20 @@ class _SimpleDownsampleFunction(torch.autograd.Function):
         with fp32_island():
             if ctx.needs_input_grad[0]:
                 gp = (g.unsqueeze(1) * w.to(g.dtype).reshape(1, ds, 1, 1)).reshape(d_t * ds, b, c)
-                g_src = gp[:t]
-                if pad:
-                    g_src = g_src.clone()
-                    g_src[t - 1] += gp[t:].sum(dim=0)
+                if is_tracing():  # no branch on T (a graph per value of T mod ds): the padded frames' rows summed into
+                    # the last frame's, which is that row alone when there is no padding
+                    g_src = torch.cat((gp[:t - 1], gp[t - 1:].sum(dim=0, keepdim=True)), dim=0)
+                else:
+                    g_src = gp[:t]
+                    if pad:
+                        g_src = g_src.clone()
+                        g_src[t - 1] += gp[t:].sum(dim=0)
                 g_src = g_src.to(ctx.src_dtype)
             if ctx.needs_input_grad[1]:
-                src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
+                if is_tracing():  # as in forward: the padded frames by indexing, no branch on T
+                    src_p = src.index_select(0, torch.arange(d_t * ds, device=src.device).clamp(max=t - 1))
+                else:
+                    src_p = torch.cat((src, src[t - 1:].expand(pad, b, c)), dim=0) if pad else src
                 # d loss / d w_k = sum_{i,b,c} g[i] * src[i*ds + k], accumulated in fp32
                 acc = torch.promote_types(w.dtype, torch.float32)  # fp32 (fp64 for an fp64 model)
                 gw = torch.einsum("ikn,in->k", src_p.reshape(d_t, ds, b * c).to(acc), g.reshape(d_t, b * c).to(acc))
