@@ -4,7 +4,8 @@ SimpleDownsample function, the channels-last ConvNeXt and the front-end's permut
 import torch
 import torch.nn.functional as F
 
-from asrprec.models.zipformer.frontend import ConvNeXt, ZipformerConv2dSubsampling, _DepthwiseConv2d
+from asrprec.models.zipformer.conv import _DepthwiseConv2d
+from asrprec.models.zipformer.frontend import ConvNeXt, ZipformerConv2dSubsampling
 from asrprec.models.zipformer.layers import SimpleDownsample, _SimpleDownsampleFunction
 from asrprec.models.zipformer.linear import Linear
 
@@ -99,6 +100,33 @@ def test_depthwise_conv_backward_gradcheck():
     w = torch.randn(3, 1, 3, 5, dtype=torch.float64, requires_grad=True)
     b = torch.randn(3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda *a: _DepthwiseConv2d.apply(*a, (1, 2)), (x, w, b))
+
+
+def test_depthwise_conv_ops_and_autocast():
+    # opcheck: the fake (meta) kernel torch.compile traces with gives the real op's shapes, strides and dtypes
+    torch.manual_seed(4)
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape, kernel, pad in (((2, 4, 9, 6), (3, 3), (1, 1)), ((2, 4, 1, 9), (1, 5), (0, 2))):
+            x = torch.randn(*shape, dtype=dtype)  # NCHW: the ops make their channels-last copies
+            w = torch.randn(4, 1, *kernel, dtype=dtype)
+            torch.library.opcheck(torch.ops.asrprec.depthwise_conv2d.default, (x, w, torch.randn(4, dtype=dtype), *pad))
+            torch.library.opcheck(torch.ops.asrprec.depthwise_conv2d_backward.default,
+                                  (torch.randn_like(x), x, w, *pad))
+    # under CPU bf16 autocast: the gradients autograd gives for F.conv2d (bf16 conv, fp32 gradients)
+    x = torch.randn(2, 4, 9, 6).contiguous(memory_format=torch.channels_last).requires_grad_()
+    w = torch.randn(4, 1, 3, 5, requires_grad=True)
+    b = torch.randn(4, requires_grad=True)
+    g = torch.randn(2, 4, 9, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = _DepthwiseConv2d.apply(x, w, b, (1, 2))
+        yr = F.conv2d(x, w, b, padding=(1, 2), groups=4)
+    assert y.dtype == yr.dtype == torch.bfloat16
+    torch.testing.assert_close(y, yr, rtol=0, atol=0)
+    got = torch.autograd.grad(y, (x, w, b), g.to(y.dtype))
+    want = torch.autograd.grad(yr, (x, w, b), g.to(y.dtype))
+    for a, r in zip(got, want):
+        assert a.dtype == r.dtype == torch.float32
+        torch.testing.assert_close(a, r, rtol=1e-2, atol=1e-2)
 
 
 def test_frontend_flatten_matches_channel_major_flatten():

@@ -81,6 +81,18 @@ class Tok:
         return [[1 + "abcde".index(c) for c in t] for t in texts]
 
 
+class PlainEncoder(nn.Module):
+    """LinearEncoder's math without its Python bookkeeping (call counts, fault injection), for torch.compile."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(80, 16)
+        self.output_dim = 16
+
+    def forward(self, x, lens):
+        return torch.tanh(self.proj(x[:, ::2])), (lens + 1) // 2
+
+
 def make_model(encoder: nn.Module | None = None) -> Transducer:
     torch.manual_seed(0)
     enc = encoder or LinearEncoder()
@@ -197,6 +209,21 @@ def sc_steps(out: Path, rank: int) -> dict:
             torch.save(params(model), out / f"steps-{opt}-{steps}-rank{rank}.pt")
             res[f"{opt}-{steps}"] = st.history[-1]
     return res
+
+
+def sc_compiled(out: Path, rank: int) -> dict:
+    """Two steps with --compile (aot_eager: the same tracing as inductor, no code generation) under DDP: the loop
+    compiles the encoder before it wraps the model; the test compares with one eager process on the unions."""
+    from asrprec.training import train
+
+    torch.manual_seed(0)  # the same initial weights as the test's reference
+    model = make_model(PlainEncoder())
+    st = train(model=model, policy=get_policy("fp32", DEVICE), tokenizer=Tok(),
+               train_dl=Loader(shard(make_batches(4), rank), 1.0), valid_dl=shard(make_batches(2, 1), rank),
+               cfg=train_cfg(out / "compiled", num_epochs=1, ref_duration=1.0, compile=True,
+                             compile_backend="aot_eager"))
+    torch.save(params(model), out / f"compiled-rank{rank}.pt")
+    return {"history": st.history[-1], "keys": sorted(params(model))}
 
 
 def sc_grads(out: Path, rank: int) -> dict:

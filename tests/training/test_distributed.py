@@ -31,7 +31,7 @@ W = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(W)
 
 COOPERATIVE = ("steps", "grads", "shards", "files", "resume", "resume_mid", "precisions", "zipformer", "nonfinite",
-               "forward_oom", "collapse")
+               "forward_oom", "collapse", "compiled")
 # last: rank 1 fails inside a backward pass, which ends the job
 LAST = "backward_oom"
 
@@ -79,8 +79,8 @@ def assert_same(a: dict, b: dict, **tol) -> None:
             assert torch.equal(a[k], b[k]), k
 
 
-def single_process(tmp_path, batches, valid, **kw):
-    model = W.make_model()
+def single_process(tmp_path, batches, valid, encoder=None, **kw):
+    model = W.make_model(encoder)
     state = train(model=model, policy=get_policy("fp32", "cpu"), tokenizer=W.Tok(), train_dl=batches, valid_dl=valid,
                   cfg=W.train_cfg(tmp_path, num_epochs=1, **kw))
     return W.params(model), state
@@ -103,6 +103,20 @@ def test_two_ranks_step_like_one_process_on_the_union(ranks, tmp_path, optimizer
     logged = res["steps"][0][f"{optimizer}-{steps}"]
     assert math.isclose(logged["train_loss"], state.history[-1]["train_loss"], rel_tol=1e-5)
     assert math.isclose(logged["valid_loss"], state.history[-1]["valid_loss"], rel_tol=1e-5)
+
+
+def test_compiled_encoder_under_ddp_steps_like_one_eager_process(ranks, tmp_path):
+    # --compile under torchrun: the encoder is compiled in place before DDP wraps the model
+    out, res = ranks
+    torch.manual_seed(0)  # the ranks' initial weights
+    encoder = W.PlainEncoder()
+    ref, state = single_process(tmp_path, W.Loader(W.union(W.make_batches(4)), 2.0), W.make_batches(2, 1),
+                                encoder=encoder, ref_duration=1.0)
+    r0, r1 = (load(out / f"compiled-rank{r}.pt") for r in (0, 1))
+    assert_same(r0, r1)
+    assert_same(r0, ref, rtol=1e-5, atol=1e-6)
+    assert res["compiled"][0]["keys"] == sorted(ref)  # no _orig_mod. in the names
+    assert math.isclose(res["compiled"][0]["history"]["train_loss"], state.history[-1]["train_loss"], rel_tol=1e-5)
 
 
 def union_gradient_float64() -> dict[str, torch.Tensor]:

@@ -18,49 +18,11 @@ from torch import Tensor, nn
 from ..schedule import FloatLike, ScheduledFloat, is_zero, schedule_value
 from ..tracing import is_tracing
 from .activations import SwooshR, act_dropout_linear
+from .conv import depthwise_conv2d
 from .dropout import Dropout3
 from .grad_shaping import Balancer, ScaleGrad, Whiten
 from .linear import Linear, linear
 from .norm import BiasNorm
-
-
-@torch.library.custom_op("asrprec::depthwise_conv2d_backward", mutates_args=())
-def _depthwise_conv2d_backward(g: Tensor, x: Tensor, weight: Tensor, pad_t: int,
-                               pad_f: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The input, weight and bias gradients of a stride-1 depthwise conv, computed from channels-last copies.
-
-    A custom op, so that ``torch.compile`` runs it as it is: inductor otherwise picks the layouts of the tensors it
-    hands to ``convolution_backward`` itself and chose NCHW-like ones for this conv, which made oneDNN's depthwise
-    backward 4.7x slower (9.6 -> 45.6 ms per call on a (8, 32, 71, 19) input, 1 CPU thread). The same aten op as
-    autograd's formula for ``F.conv2d``, so eager results are unchanged."""
-    cl = torch.channels_last
-    c = weight.shape[0]
-    gx, gw, gb = torch.ops.aten.convolution_backward(
-        g.contiguous(memory_format=cl), x.contiguous(memory_format=cl), weight, [c], [1, 1], [pad_t, pad_f],
-        [1, 1], False, [0, 0], c, [True, True, True])
-    return gx.contiguous(memory_format=cl), gw.contiguous(), gb.contiguous()
-
-
-@_depthwise_conv2d_backward.register_fake
-def _(g: Tensor, x: Tensor, weight: Tensor, pad_t: int, pad_f: int) -> tuple[Tensor, Tensor, Tensor]:
-    return (torch.empty_like(x, memory_format=torch.channels_last), torch.empty_like(weight),
-            weight.new_empty(weight.shape[0]))
-
-
-class _DepthwiseConv2d(torch.autograd.Function):
-    """``F.conv2d(x, weight, bias, padding, groups=channels)`` with the backward above."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, padding: Tuple[int, int]) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.padding = padding
-        return F.conv2d(x, weight, bias, padding=padding, groups=weight.shape[0])
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        x, weight = ctx.saved_tensors
-        gx, gw, gb = _depthwise_conv2d_backward(g, x, weight, *ctx.padding)
-        return gx, gw, gb, None
 
 
 class ConvNeXt(nn.Module):
@@ -98,7 +60,7 @@ class ConvNeXt(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x.contiguous(memory_format=torch.channels_last)
         conv = self.depthwise_conv
-        y = _DepthwiseConv2d.apply(x, conv.weight, conv.bias, self.padding)
+        y = depthwise_conv2d(x, conv.weight, conv.bias, self.padding)
         return self._pointwise(y, x)  # channels-last in, channels-last out
 
     def streaming_forward(self, x: Tensor, cached_left_pad: Tensor) -> Tuple[Tensor, Tensor]:

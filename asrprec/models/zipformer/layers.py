@@ -25,6 +25,7 @@ from asrprec.precision.islands import compute_dtype, fp32_island, upcast
 from ..schedule import FloatLike, ScheduledFloat, is_zero, schedule_value
 from ..tracing import is_tracing, random_below
 from .activations import ActivationDropoutAndLinear
+from .conv import depthwise_conv2d
 from .attention import CompactRelPositionalEncoding, NonlinAttention, RelPositionMultiheadAttentionWeights, \
     SelfAttention
 from .grad_shaping import Balancer, Whiten, limit_param_value, whitening_schedule
@@ -155,9 +156,10 @@ class ConvolutionModule(nn.Module):
             # tensor without a transpose: oneDNN's depthwise kernels are 1.1-1.65x faster this way on CPU
             # (forward plus backward, tiny shapes, benchmarks/RESULTS.md) than nn.Conv1d on (B, D, T).
             # Same weights and math.
+            # (asrprec.models.zipformer.conv keeps that layout under torch.compile too)
             w = self.depthwise_conv.weight
-            x = F.conv2d(x.permute(0, 2, 1).unsqueeze(2), w.unsqueeze(2), self.depthwise_conv.bias,
-                         padding=(0, w.shape[-1] // 2), groups=w.shape[0]).squeeze(2)  # (B, D, T)
+            x = depthwise_conv2d(x.permute(0, 2, 1).unsqueeze(2), w.unsqueeze(2), self.depthwise_conv.bias,
+                                 (0, w.shape[-1] // 2)).squeeze(2)  # (B, D, T)
         x = self.balancer2(x).permute(2, 0, 1)  # (T, B, D)
         return self.out_proj(self.whiten(x))
 
