@@ -30,14 +30,24 @@ DEVICE = "cpu"  # this rank's device; cuda:LOCAL_RANK (NCCL) with --cuda
 TEXTS = ["abc", "de", "ea", "bcd", "a", "ed", "cab", "dd"]
 
 
-class LinearEncoder(nn.Module):
-    """Deterministic (no dropout, no skipping): replicas stay bit-identical, and a single process on the union
-    of the ranks' batches computes the same sums."""
+class PlainEncoder(nn.Module):
+    """Linear + tanh at half the frame rate, without Python state between calls (what torch.compile traces)."""
 
     def __init__(self):
         super().__init__()
         self.proj = nn.Linear(80, 16)
         self.output_dim = 16
+
+    def forward(self, x, lens):
+        return torch.tanh(self.proj(x[:, ::2])), (lens + 1) // 2
+
+
+class LinearEncoder(PlainEncoder):
+    """Deterministic (no dropout, no skipping): replicas stay bit-identical, and a single process on the union
+    of the ranks' batches computes the same sums. Records the batch counts it sees and can fail on demand."""
+
+    def __init__(self):
+        super().__init__()
         self.batch_count = 0.0
         self.seen_counts: list[float] = []
         self.fail_at: int | None = None  # raise an allocator error at this training forward (1-based)
@@ -49,7 +59,7 @@ class LinearEncoder(nn.Module):
             self.seen_counts.append(float(self.batch_count))
             if self.fail_at is not None and self.calls == self.fail_at:
                 raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
-        return torch.tanh(self.proj(x[:, ::2])), (lens + 1) // 2
+        return super().forward(x, lens)
 
 
 class InfGrad(torch.autograd.Function):
@@ -79,18 +89,6 @@ class Tok:
 
     def encode(self, texts):
         return [[1 + "abcde".index(c) for c in t] for t in texts]
-
-
-class PlainEncoder(nn.Module):
-    """LinearEncoder's math without its Python bookkeeping (call counts, fault injection), for torch.compile."""
-
-    def __init__(self):
-        super().__init__()
-        self.proj = nn.Linear(80, 16)
-        self.output_dim = 16
-
-    def forward(self, x, lens):
-        return torch.tanh(self.proj(x[:, ::2])), (lens + 1) // 2
 
 
 def make_model(encoder: nn.Module | None = None) -> Transducer:
