@@ -168,6 +168,17 @@ def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, po
     try:
         loss, info, nonfinite_ranks = forward_on_every_rank(model, batch, tokenizer, policy,
                                                             f"training batch {state.batch_idx_train}")
+    except Exception as e:
+        # raised on every rank together: each saves its files, then all wait, so that once any rank reports,
+        # every file its message names exists
+        try:
+            error = _failed_step_error(e, batch, policy, cfg, state, save, max_duration)
+        finally:
+            barrier()
+        if error is e:
+            raise
+        raise error from e
+    try:
         if nonfinite_ranks:
             optimizer.zero_grad(set_to_none=True)
             return None, nonfinite_ranks
@@ -184,17 +195,26 @@ def train_step(model: nn.Module, batch: dict[str, Any], *, optimizer, scaler, po
         if averager is not None:
             averager.maybe_update(bare, state.batch_idx_train)
         return info, []
-    except Exception as e:
-        save(ckpt.BAD_MODEL_NAME, collective=False)  # the other ranks may not be failing here
-        if is_out_of_memory(e) and not isinstance(e, RankFailedError):
-            path = save_batch(batch, ckpt.oom_batch_path(cfg.exp_dir, state.batch_idx_train, get_rank()
-                                                         if get_world_size() > 1 else None))
-            if policy.device.type == "cuda":
-                log.error("CUDA memory at the OOM:\n%s", torch.cuda.memory_summary(policy.device, abbreviated=True))
-            raise out_of_memory_error(
-                f"training batch {state.batch_idx_train} ({describe_batch(batch)}; saved to {path})", policy, e,
-                max_duration) from e
-        raise
+    except Exception as e:  # on this rank alone (the others may be waiting in the gradient all-reduce)
+        error = _failed_step_error(e, batch, policy, cfg, state, save, max_duration)
+        if error is e:
+            raise
+        raise error from e
+
+
+def _failed_step_error(e: Exception, batch: dict[str, Any], policy: PrecisionPolicy, cfg: TrainConfig,
+                       state: TrainState, save: Callable[..., Any], max_duration: float | None) -> Exception:
+    """Save ``bad-model.pt`` (and, for an out-of-memory error, the batch); return the error to raise: ``e``, or
+    :class:`~asrprec.training.oom.BatchOutOfMemory` naming the saved batch."""
+    save(ckpt.BAD_MODEL_NAME, collective=False)  # the other ranks may not be failing here
+    if not is_out_of_memory(e) or isinstance(e, RankFailedError):
+        return e
+    path = save_batch(batch, ckpt.oom_batch_path(cfg.exp_dir, state.batch_idx_train,
+                                                 get_rank() if get_world_size() > 1 else None))
+    if policy.device.type == "cuda":
+        log.error("CUDA memory at the OOM:\n%s", torch.cuda.memory_summary(policy.device, abbreviated=True))
+    return out_of_memory_error(f"training batch {state.batch_idx_train} ({describe_batch(batch)}; saved to {path})",
+                               policy, e, max_duration)
 
 
 @dataclass
