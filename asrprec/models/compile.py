@@ -5,8 +5,8 @@ Python ``random`` draws are replayed by dynamo before the graph
 and applied as masks (:func:`asrprec.models.tracing.random_below`), and length checks become in-graph asserts. The
 one boundary left is the Zipformer's position-score skip while its rate is above 0 (the first 4000 batches by
 default; ``attention.py`` says why), and a causal Zipformer's random chunk size, a Python choice per call that
-specialises the graph. Known problem: the schedules' batch count is guarded as a constant, so each training step
-with a new count recompiles the Zipformer (docs/compile.md).
+specialises the graph. Schedules that still move are read from tensors at run time, so a new batch count does not
+recompile; a schedule that settles does, once (docs/compile.md).
 
 ``nn.Module.compile`` (not ``torch.compile(module)``) keeps the module itself in the tree: checkpoints never see
 ``_orig_mod.`` names, DDP wraps the model that holds the compiled encoder (the layout PyTorch's DDP notes recommend:

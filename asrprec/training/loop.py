@@ -390,7 +390,7 @@ def train_one_epoch(
 
 
 def _end_epoch(*, stats: dict[str, Any], model, policy, tokenizer, valid_dl, cfg, state: TrainState, writer,
-               save) -> None:
+               save, graphs_before: int = 0) -> None:
     """Save the epoch's checkpoint, then validate (so validation can never lose the epoch), then record."""
     epoch = state.epoch
     state.progress.epoch_done = True
@@ -399,13 +399,31 @@ def _end_epoch(*, stats: dict[str, Any], model, policy, tokenizer, valid_dl, cfg
     valid_loss = validate(model, valid_dl, tokenizer, policy)
     stats["valid_loss"] = valid_loss
     stats["peak_memory_mb"] = peak_memory_mb(policy.device)
-    state.history[-1].update(valid_loss=valid_loss, peak_memory_mb=stats["peak_memory_mb"])
+    if cfg.compile:
+        stats["compiled_graphs"] = _log_compiled_graphs(epoch, graphs_before)
+    state.history[-1].update({k: stats[k] for k in ("valid_loss", "peak_memory_mb", "compiled_graphs") if k in stats})
     if valid_loss < state.best_valid_loss:
         state.best_valid_loss, state.best_valid_epoch = valid_loss, epoch
     log_epoch(epoch, stats, batch_idx_train=state.batch_idx_train, writer=writer)
     if is_main_process():
         append_history(cfg.exp_dir, {"event": "epoch", "epoch": epoch, "batch_idx_train": state.batch_idx_train,
                                      **stats})
+
+
+def _log_compiled_graphs(epoch: int, before: int) -> int:
+    """Log the graphs torch.compile made during ``epoch`` (training and validation, first compiles and recompiles)
+    and warn when they reach dynamo's per-function recompile limit: past it dynamo runs that function eager."""
+    import torch._dynamo.config as dynamo_config
+
+    new = compiled_graph_count() - before
+    limit = dynamo_config.recompile_limit
+    logging.info("torch.compile: %d graphs compiled during epoch %d (%d in all)", new, epoch, before + new)
+    if new >= limit:
+        log.warning("torch.compile compiled %d graphs during epoch %d, as many as torch._dynamo.config."
+                    "recompile_limit (%d): shapes or schedules are recompiling the model, and a function past the "
+                    "limit runs eager. Run with TORCH_LOGS=recompiles to see the guard that failed; "
+                    "--compile-dynamic true keeps every (B, T) in one graph (docs/compile.md).", new, epoch, limit)
+    return new
 
 
 def train(
@@ -503,6 +521,7 @@ def train(
     with PreemptionWatch(cfg.preempt_signals) as watch, \
             SummaryWriterOrNull(exp_dir / "tensorboard", enabled=cfg.tensorboard and is_main_process()) as writer:
         write_precision(writer, desc, dtypes)
+        graphs_before = compiled_graph_count() if cfg.compile else 0
         for epoch in range(state.epoch, cfg.num_epochs + 1):
             state.epoch = epoch
             resumed_mid_epoch = state.progress is not None and state.progress.epoch == epoch \
@@ -528,9 +547,8 @@ def train(
                                     per_step=per_step, preemption=watch)
             stats["dropped_cuts_by_reason"] = dropped_cut_totals(state.progress, duration_drops)
             _end_epoch(stats=stats, model=model, policy=policy, tokenizer=tokenizer, valid_dl=valid_dl, cfg=cfg,
-                       state=state, writer=writer, save=save)
-            if cfg.compile:  # a count that grows every epoch means shapes or schedules recompile the graph
-                logging.info("torch.compile: %d graphs compiled by the end of epoch %d", compiled_graph_count(), epoch)
+                       state=state, writer=writer, save=save, graphs_before=graphs_before)
+            graphs_before = compiled_graph_count() if cfg.compile else 0
             if epoch < cfg.num_epochs and (ranks := preempted_ranks(watch)):  # a signal during the epoch's end
                 stop_for_preemption(watch, ranks, exp_dir=cfg.exp_dir, epoch=epoch,
                                     batch_idx_train=state.batch_idx_train, batches_done=state.progress.batches_done,

@@ -127,6 +127,43 @@ def test_zipformer_training_graph_serves_every_length_with_dynamic_shapes():
     assert len(graphs) == 1
 
 
+@pytest.mark.parametrize("ds", [2, 4])
+def test_downsampling_forward_and_backward_serve_every_length(ds):
+    # at AOTAutograd's level (forward and backward traced, as inductor gets them): a tensor sized by the padding,
+    # which is 1 for some T, made the graph guard on T mod ds
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from asrprec.models.zipformer.layers import SimpleDownsample
+
+    torch.manual_seed(0)
+    m = SimpleDownsample(ds)
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: m(x).square().sum(), backend=counter, dynamic=True)
+    for t in range(9, 9 + 2 * ds):  # every residue of T mod ds, twice
+        x = torch.randn(t, 2, 3, requires_grad=True)
+        step(x).backward()
+        x_ref = x.detach().clone().requires_grad_(True)
+        m(x_ref).square().sum().backward()  # eager mode's path
+        torch.testing.assert_close(x.grad, x_ref.grad)
+    assert counter.frame_count == 1
+
+
+def test_an_epoch_that_keeps_recompiling_is_reported(monkeypatch, caplog):
+    import torch._dynamo.config as dynamo_config
+
+    from asrprec.training import loop
+
+    counts = iter([10, 10 + dynamo_config.recompile_limit - 1, 30, 30 + dynamo_config.recompile_limit])
+    monkeypatch.setattr(loop, "compiled_graph_count", lambda: next(counts))
+    with caplog.at_level("INFO"):
+        assert loop._log_compiled_graphs(1, next(counts)) == dynamo_config.recompile_limit - 1
+        assert "recompile_limit" not in caplog.text
+        assert loop._log_compiled_graphs(2, next(counts)) == dynamo_config.recompile_limit
+    assert f"compiled {dynamo_config.recompile_limit} graphs during epoch 2" in caplog.text
+    assert "TORCH_LOGS=recompiles" in caplog.text
+
+
 def test_compile_options_are_checked():
     model = _model("conformer")
     with pytest.raises(ValueError, match="cannot compile 'decoder'"):
@@ -180,6 +217,11 @@ def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path, one_thread
         runs[name] = (state, torch.load(tmp_path / name / "epoch-2.pt", weights_only=False)["model"])
     (eager, w_eager), (comp, w_comp) = runs["eager"], runs["compiled"]
     assert [h["epoch"] for h in comp.history] == [1, 2]
+    # the training and the validation graph in epoch 1; epoch 2's schedules, shapes and modes are served by them
+    # (with dynamic shapes epoch 1 may add one graph when a size first differs from the one it saw)
+    graphs = [h["compiled_graphs"] for h in comp.history]
+    assert graphs[0] >= 2 and graphs[1] == 0, graphs
+    assert "compiled_graphs" not in eager.history[0]
     for he, hc in zip(eager.history, comp.history):
         assert math.isclose(he["train_loss"], hc["train_loss"], rel_tol=1e-5), (he, hc)
         assert math.isclose(he["valid_loss"], hc["valid_loss"], rel_tol=1e-5), (he, hc)

@@ -485,9 +485,14 @@ class _SimpleDownsampleFunction(torch.autograd.Function):
         with fp32_island():
             if ctx.needs_input_grad[0]:
                 gp = (g.unsqueeze(1) * w.to(g.dtype).reshape(1, ds, 1, 1)).reshape(d_t * ds, b, c)
-                if is_tracing():  # no branch on T (a graph per value of T mod ds): the padded frames' rows summed into
-                    # the last frame's, which is that row alone when there is no padding
-                    g_src = torch.cat((gp[:t - 1], gp[t - 1:].sum(dim=0, keepdim=True)), dim=0)
+                if is_tracing():
+                    # no branch on T, and no tensor sized by the padding (a size that can be 1 makes AOTAutograd
+                    # guard the graph on T mod ds): the padded rows, all in the last group, selected from it by
+                    # position and summed into the last frame's row
+                    last = gp[(d_t - 1) * ds:]  # (ds, B, C)
+                    padded = torch.arange(ds, device=gp.device) + (d_t - 1) * ds >= t
+                    extra = torch.where(padded.reshape(ds, 1, 1), last, 0).sum(dim=0, keepdim=True)
+                    g_src = torch.cat((gp[:t - 1], gp[t - 1:t] + extra), dim=0)
                 else:
                     g_src = gp[:t]
                     if pad:
