@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asrprec.models.zipformer.conv import _DepthwiseConv2d
+from asrprec.models.zipformer.conv import _Conv2d
 from asrprec.models.zipformer.frontend import ConvNeXt, ZipformerConv2dSubsampling
 from asrprec.models.zipformer.layers import SimpleDownsample, _SimpleDownsampleFunction
 from asrprec.models.zipformer.linear import Linear
@@ -100,32 +100,41 @@ def test_convnext_channels_last_matches_nchw_reference():
         torch.testing.assert_close(a, b)
 
 
-def test_depthwise_conv_backward_gradcheck():
+@pytest.mark.parametrize("case", [((3, 1, 3, 5), (1, 1), (1, 2), 3), ((4, 3, 3, 3), (2, 2), (0, 0), 1),
+                                  ((4, 3, 3, 3), (1, 2), (0, 1), 1)], ids=["depthwise", "stride-2", "stride-1x2"])
+def test_conv_op_backward_gradcheck(case):
     # the custom-op backward (channels-last copies, for torch.compile) against finite differences
+    wshape, stride, pad, groups = case
     torch.manual_seed(3)
-    x = torch.randn(2, 3, 9, 5, dtype=torch.float64).contiguous(memory_format=torch.channels_last).requires_grad_()
-    w = torch.randn(3, 1, 3, 5, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: _DepthwiseConv2d.apply(*a, (1, 2)), (x, w, b))
+    x = torch.randn(2, 3, 9, 7, dtype=torch.float64).contiguous(memory_format=torch.channels_last).requires_grad_()
+    w = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(wshape[0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: _Conv2d.apply(*a, stride, pad, groups), (x, w, b))
+    torch.testing.assert_close(_Conv2d.apply(x, w, b, stride, pad, groups),
+                               F.conv2d(x, w, b, stride=stride, padding=pad, groups=groups))
 
 
-def test_depthwise_conv_ops_and_autocast():
+def test_conv_ops_and_autocast():
     # opcheck: the fake (meta) kernel torch.compile traces with gives the real op's shapes, strides and dtypes
     torch.manual_seed(4)
     for dtype in (torch.float32, torch.bfloat16):
-        for shape, kernel, pad in (((2, 4, 9, 6), (3, 3), (1, 1)), ((2, 4, 1, 9), (1, 5), (0, 2))):
+        for shape, wshape, stride, pad, groups in (((2, 4, 9, 6), (4, 1, 3, 3), (1, 1), (1, 1), 4),
+                                                   ((2, 4, 1, 9), (4, 1, 1, 5), (1, 1), (0, 2), 4),
+                                                   ((2, 4, 9, 7), (6, 4, 3, 3), (2, 2), (0, 0), 1),
+                                                   ((2, 4, 8, 9), (6, 4, 3, 3), (1, 2), (0, 1), 1)):
             x = torch.randn(*shape, dtype=dtype)  # NCHW: the ops make their channels-last copies
-            w = torch.randn(4, 1, *kernel, dtype=dtype)
-            torch.library.opcheck(torch.ops.asrprec.depthwise_conv2d.default, (x, w, torch.randn(4, dtype=dtype), *pad))
-            torch.library.opcheck(torch.ops.asrprec.depthwise_conv2d_backward.default,
-                                  (torch.randn_like(x), x, w, *pad))
+            w = torch.randn(*wshape, dtype=dtype)
+            args = (*stride, *pad, groups)
+            torch.library.opcheck(torch.ops.asrprec.conv2d.default, (x, w, torch.randn(wshape[0], dtype=dtype), *args))
+            g = torch.randn_like(F.conv2d(x, w, stride=stride, padding=pad, groups=groups))
+            torch.library.opcheck(torch.ops.asrprec.conv2d_backward.default, (g, x, w, *args))
     # under CPU bf16 autocast: the gradients autograd gives for F.conv2d (bf16 conv, fp32 gradients)
     x = torch.randn(2, 4, 9, 6).contiguous(memory_format=torch.channels_last).requires_grad_()
     w = torch.randn(4, 1, 3, 5, requires_grad=True)
     b = torch.randn(4, requires_grad=True)
     g = torch.randn(2, 4, 9, 6)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = _DepthwiseConv2d.apply(x, w, b, (1, 2))
+        y = _Conv2d.apply(x, w, b, (1, 1), (1, 2), 4)
         yr = F.conv2d(x, w, b, padding=(1, 2), groups=4)
     assert y.dtype == yr.dtype == torch.bfloat16
     torch.testing.assert_close(y, yr, rtol=0, atol=0)

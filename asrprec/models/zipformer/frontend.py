@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..schedule import FloatLike, ScheduledFloat, is_zero, schedule_value
 from ..tracing import is_tracing
 from .activations import SwooshR, act_dropout_linear
-from .conv import depthwise_conv2d
+from .conv import conv2d, depthwise_conv2d
 from .dropout import Dropout3
 from .grad_shaping import Balancer, ScaleGrad, Whiten
 from .linear import Linear, linear
@@ -142,8 +142,10 @@ class ZipformerConv2dSubsampling(nn.Module):
         # weight gradient channels-last (1.5x faster on CPU than NCHW plus a conversion; same math)
         x = self.conv[0](x.unsqueeze(1).contiguous(memory_format=torch.channels_last))
         x = x.contiguous(memory_format=torch.channels_last)  # no-op where the conv already returned channels-last
-        for layer in self.conv[1:]:
-            x = layer(x)  # ends (B, C, (T-7)//2, F') with channels-last strides
+        for layer in self.conv[1:]:  # ends (B, C, (T-7)//2, F') with channels-last strides
+            # the strided convs as asrprec's op (conv.py: inductor's own lowering would fix T under dynamic shapes)
+            x = conv2d(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.groups) \
+                if isinstance(layer, nn.Conv2d) else layer(x)
         out_lens = torch.div(x_lens - 7, 2, rounding_mode="floor")
         t = x.shape[2]
         valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)  # (B, T')
