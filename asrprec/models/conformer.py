@@ -239,19 +239,20 @@ class ConformerLayer(nn.Module):
         self.norm_final = BasicNorm(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def bypass_alpha(self, warmup: float) -> float | Tensor:
+    def bypass_alpha(self, warmup: float | Tensor) -> float | Tensor:
         """The weight of the layer's own output for this call (1.0 in eval mode); while tracing, a 0-dim tensor
-        from the same draw (no ``.item()`` in the graph)."""
+        from the same draw (no ``.item()`` in the graph). ``warmup`` is a 0-dim tensor for a compiled encoder."""
         if not self.training:
             return 1.0
-        warmup_scale = min(0.1 + warmup, 1.0)
+        warmup_scale = (0.1 + warmup).clamp(max=1.0) if isinstance(warmup, Tensor) else min(0.1 + warmup, 1.0)
         draw = torch.rand((), device="cpu")
         if is_tracing():
             keep = draw.to(torch.float64) <= 1.0 - self.layer_dropout
             return torch.where(keep, warmup_scale, 0.1).to(torch.float64)
         return warmup_scale if float(draw) <= 1.0 - self.layer_dropout else 0.1
 
-    def forward(self, x: Tensor, pos_emb: Tensor, pad_mask: Tensor | None = None, warmup: float = 1.0) -> Tensor:
+    def forward(self, x: Tensor, pos_emb: Tensor, pad_mask: Tensor | None = None,
+                warmup: float | Tensor = 1.0) -> Tensor:
         x_orig = x
         alpha = self.bypass_alpha(warmup)
         x = x + self.dropout(self.feed_forward_macaron(x))
@@ -356,7 +357,7 @@ class ConformerEncoder(nn.Module):
             for _ in range(config.num_encoder_layers)
         )
 
-    def forward(self, features: Tensor, feature_lens: Tensor, warmup: float = 1.0) -> tuple[Tensor, Tensor]:
+    def forward(self, features: Tensor, feature_lens: Tensor, warmup: float | Tensor = 1.0) -> tuple[Tensor, Tensor]:
         """Encode a padded batch.
 
         Args:

@@ -110,6 +110,9 @@ def test_conv_op_backward_gradcheck(case):
     w = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
     b = torch.randn(wshape[0], dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda *a: _Conv2d.apply(*a, stride, pad, groups), (x, w, b))
+    # an input without gradient (the features into the first conv): the weight and bias gradients alone
+    x0 = x.detach()
+    assert torch.autograd.gradcheck(lambda *a: _Conv2d.apply(x0, *a, stride, pad, groups), (w, b))
     torch.testing.assert_close(_Conv2d.apply(x, w, b, stride, pad, groups),
                                F.conv2d(x, w, b, stride=stride, padding=pad, groups=groups))
 
@@ -127,7 +130,8 @@ def test_conv_ops_and_autocast():
             args = (*stride, *pad, groups)
             torch.library.opcheck(torch.ops.asrprec.conv2d.default, (x, w, torch.randn(wshape[0], dtype=dtype), *args))
             g = torch.randn_like(F.conv2d(x, w, stride=stride, padding=pad, groups=groups))
-            torch.library.opcheck(torch.ops.asrprec.conv2d_backward.default, (g, x, w, *args))
+            for input_grad in (True, False):
+                torch.library.opcheck(torch.ops.asrprec.conv2d_backward.default, (g, x, w, *args, input_grad))
     # under CPU bf16 autocast: the gradients autograd gives for F.conv2d (bf16 conv, fp32 gradients)
     x = torch.randn(2, 4, 9, 6).contiguous(memory_format=torch.channels_last).requires_grad_()
     w = torch.randn(4, 1, 3, 5, requires_grad=True)

@@ -5,10 +5,11 @@ tensors out for them (the ConvNeXt in channels-last, the convolution module's (B
 Under ``torch.compile`` inductor decides the layouts of the tensors it hands to ``convolution`` and
 ``convolution_backward`` itself, and chose NCHW-like ones for these convs: on one CPU thread the ConvNeXt's
 backward took 45.6 instead of 9.6 ms per call ((8, 32, 71, 19) input) and the convolution module's forward 3.1
-instead of 0.22 ms (benchmarks/RESULTS.md). The front-end's strided convs go through the same op for another
-reason: inductor's lowering of ``convolution_backward`` fixes the input gradient's strides to numbers
-(``guard_int_seq`` in torch/_inductor/kernel/conv.py), which turns the symbolic T of ``dynamic=True`` into a
-constant, so every new T compiled the encoder again. Inductor runs a custom op as it is; each makes its own
+instead of 0.22 ms (benchmarks/RESULTS.md). The front-end's other convs go through the same op for another
+reason: under ``dynamic=True`` inductor's handling of ``convolution`` and ``convolution_backward`` fixed T to a
+number, either as a guard (the input gradient's strides made concrete, ``guard_int_seq`` in
+torch/_inductor/kernel/conv.py: every new T compiled the encoder again) or as a saved output's stride written into
+the backward graph (then the next T fails its stride check). Inductor runs a custom op as it is; each makes its own
 channels-last copies (none in eager mode, where the inputs already are). The aten ops and the math are those of
 ``F.conv2d`` and its autograd formula, so eager results are unchanged.
 """
@@ -47,18 +48,21 @@ def _(x: Tensor, weight: Tensor, bias: Tensor, stride_h: int, stride_w: int, pad
 
 @torch.library.custom_op("asrprec::conv2d_backward", mutates_args=())
 def _backward(g: Tensor, x: Tensor, weight: Tensor, stride_h: int, stride_w: int, pad_h: int, pad_w: int,
-              groups: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The input, weight and bias gradients; ``g``, ``x`` and ``weight`` share a dtype."""
+              groups: int, input_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The input (empty unless ``input_grad``), weight and bias gradients; ``g``, ``x`` and ``weight`` share a
+    dtype."""
     gx, gw, gb = torch.ops.aten.convolution_backward(
         g.contiguous(memory_format=_CL), x.contiguous(memory_format=_CL), weight, [weight.shape[0]],
-        [stride_h, stride_w], [pad_h, pad_w], [1, 1], False, [0, 0], groups, [True, True, True])
-    return gx.contiguous(memory_format=_CL), gw.contiguous(), gb.contiguous()
+        [stride_h, stride_w], [pad_h, pad_w], [1, 1], False, [0, 0], groups, [input_grad, True, True])
+    gx = gx.contiguous(memory_format=_CL) if input_grad else x.new_empty(0)
+    return gx, gw.contiguous(), gb.contiguous()
 
 
 @_backward.register_fake
 def _(g: Tensor, x: Tensor, weight: Tensor, stride_h: int, stride_w: int, pad_h: int, pad_w: int,
-      groups: int) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(x, memory_format=_CL), torch.empty_like(weight), g.new_empty(weight.shape[0])
+      groups: int, input_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
+    gx = torch.empty_like(x, memory_format=_CL) if input_grad else x.new_empty(0)
+    return gx, torch.empty_like(weight), g.new_empty(weight.shape[0])
 
 
 class _Conv2d(torch.autograd.Function):
@@ -75,8 +79,10 @@ class _Conv2d(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         x, weight = ctx.saved_tensors
-        grads = _backward(g.to(x.dtype), x, weight, *ctx.args)
-        return *(t.to(d) for t, d in zip(grads, ctx.dtypes)), None, None, None
+        want_x = ctx.needs_input_grad[0]
+        grads = _backward(g.to(x.dtype), x, weight, *ctx.args, want_x)
+        gx, gw, gb = (t.to(d) for t, d in zip(grads, ctx.dtypes))
+        return gx if want_x else None, gw, gb, None, None, None
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Tensor, stride: Tuple[int, int] = (1, 1),

@@ -140,10 +140,9 @@ class ZipformerConv2dSubsampling(nn.Module):
         # channels-last outputs, which the ConvNeXt wants (see there) and which makes the flatten below free.
         # (B, 1, T, F) is both layouts at once; marking it channels-last makes oneDNN run the 1 -> C1 conv and its
         # weight gradient channels-last (1.5x faster on CPU than NCHW plus a conversion; same math)
-        x = self.conv[0](x.unsqueeze(1).contiguous(memory_format=torch.channels_last))
-        x = x.contiguous(memory_format=torch.channels_last)  # no-op where the conv already returned channels-last
-        for layer in self.conv[1:]:  # ends (B, C, (T-7)//2, F') with channels-last strides
-            # the strided convs as asrprec's op (conv.py: inductor's own lowering would fix T under dynamic shapes)
+        x = x.unsqueeze(1).contiguous(memory_format=torch.channels_last)
+        for layer in self.conv:  # ends (B, C, (T-7)//2, F') with channels-last strides
+            # the convs as asrprec's op (conv.py: inductor's own lowering fixes T under dynamic shapes)
             x = conv2d(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.groups) \
                 if isinstance(layer, nn.Conv2d) else layer(x)
         out_lens = torch.div(x_lens - 7, 2, rounding_mode="floor")
