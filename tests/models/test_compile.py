@@ -127,6 +127,28 @@ def test_zipformer_training_graph_serves_every_length_with_dynamic_shapes():
     assert len(graphs) == 1
 
 
+def test_graph_breaks_of_the_position_score_skip_serve_every_length():
+    # while the skip's rate is above 0 its eager draw splits the encoder into frames; a downsampled padding mask that
+    # crosses a frame boundary as a strided view made dynamo guard on whether the factor divides T (a graph per
+    # parity, seen in the embedded recipe with TORCH_LOGS=recompiles)
+    model = _model("zipformer").train()
+    for m in model.modules():
+        if hasattr(m, "pos_emb_skip_rate"):
+            m.pos_emb_skip_rate = ScheduledFloat((0.0, 1.0))  # always skipped: the break stays, the draws are fixed
+    set_batch_count(model, 5000.0)
+    prepare_for_tracing(model)
+    graphs = []
+    torch._dynamo.reset()
+    encoder = torch.compile(model.encoder, backend=_counting_backend(graphs), dynamic=True)
+    with torch.no_grad():
+        encoder(torch.randn(2, 60, 80), torch.tensor([60, 55]))
+        first = len(graphs)
+        for b, t in ((3, 62), (2, 64), (3, 66), (4, 77)):  # every residue of the 50 Hz length mod 4
+            encoder(torch.randn(b, t, 80), torch.tensor([t] + [t - 5] * (b - 1)))
+    assert first > 1  # the breaks are there
+    assert len(graphs) == first
+
+
 @pytest.mark.parametrize("ds", [2, 4])
 def test_downsampling_forward_and_backward_serve_every_length(ds):
     # at AOTAutograd's level (forward and backward traced, as inductor gets them): a tensor sized by the padding,

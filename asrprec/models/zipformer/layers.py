@@ -445,7 +445,9 @@ class Zipformer2Encoder(nn.Module):
 
 
 def _ds_mask(mask: Optional[Tensor], ds: int) -> Optional[Tensor]:
-    return None if mask is None else mask[:, ::ds]
+    # contiguous: a strided view's row stride is T while its length is ceil(T / ds), so where the mask crosses a
+    # graph break (the position-score skip) dynamo guards on whether ds divides T and compiles a graph per case
+    return None if mask is None else mask[:, ::ds].contiguous()
 
 
 class _SimpleDownsampleFunction(torch.autograd.Function):
@@ -565,7 +567,7 @@ class DownsampledZipformer2Encoder(nn.Module):
         src = self.downsample(src, key_padding_mask)
         src = self.encoder(src, chunk_size=chunk_size // ds if chunk_size > 0 else chunk_size,
                            feature_mask=feature_mask,
-                           attn_mask=None if attn_mask is None else attn_mask[::ds, ::ds],
+                           attn_mask=None if attn_mask is None else attn_mask[::ds, ::ds].contiguous(),
                            key_padding_mask=_ds_mask(key_padding_mask, ds))
         src = self.upsample(src)[: src_orig.shape[0]]
         return self.out_combiner(src_orig, src)
