@@ -8,6 +8,11 @@ and the median of the per-batch time ratios; a ratio above 1 means the compiled 
 
     python benchmarks/compile.py --models zipformer:tiny,zipformer:small,conformer:tiny --precisions fp32,amp-bf16
     python benchmarks/compile.py --decode --models zipformer:tiny       # encoder + greedy search, RTFx
+    python benchmarks/compile.py --padding recipes/espeak/data/espeak_cuts_train_fbank.jsonl.gz --max-duration 30
+
+``--padding`` times nothing: it runs lhotse's bucketing sampler over a training manifest for an epoch and prints
+what padding T to a multiple of N frames would cost against symbolic (B, T): the frames added and the distinct
+shapes, each a graph of its own under static shapes.
 
 The encoder's schedules see ``--encoder-batch-count`` (default 5000: past the position-score skip, the one part
 that stays eager early in training; see asrprec/models/compile.py).
@@ -22,6 +27,7 @@ import os
 import platform
 import statistics
 import time
+import warnings
 
 import torch
 
@@ -72,7 +78,9 @@ def bench_train(name: str, precision: str, args, batches) -> str:
                                     args.compile_joiner, train=True, backend=args.backend)
     runs = []
     for model in (eager, compiled):
-        opt = policy.build_optimizer(model.parameters(), lambda ps: ScaledAdam(ps, lr=0.045))
+        opt = policy.build_optimizer(model.parameters(), lambda ps: ScaledAdam(ps, lr=0.045, clipping_scale=2.0))
+        if model is compiled and args.compile_optimizer:
+            getattr(opt, "inner", opt).compile(backend=args.backend)
         runs.append((model, opt, []))
     graphs0 = compiled_graph_count()
     for i, (feats, lens, targets, u) in enumerate(batches):
@@ -124,6 +132,32 @@ def bench_decode(name: str, precision: str, args, batches) -> str:
             f"{os.getloadavg()[0]:.1f} |")
 
 
+def padding_table(manifest: str, max_duration: float, num_buckets: int, multiples: list[int], seed: int = 0) -> None:
+    """Batches of one epoch of ``DynamicBucketingSampler`` over ``manifest``: the frames that padding T to a multiple
+    of each N adds to the batches, and the distinct shapes (what a static-shape compile makes a graph for)."""
+    from lhotse import CutSet
+    from lhotse.dataset import DynamicBucketingSampler
+
+    cuts = CutSet.from_file(manifest).to_eager()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")  # a manifest that fits in memory
+        sampler = DynamicBucketingSampler(cuts, max_duration=max_duration, num_buckets=num_buckets, shuffle=True,
+                                          seed=seed)
+    shapes = [(len(batch), max(c.num_frames for c in batch)) for batch in sampler]
+    frames = sum(b * t for b, t in shapes)  # what the model runs on with symbolic (B, T): padded to each batch's max
+    speech = sum(c.num_frames for c in cuts)
+    print(f"# {manifest}: {len(cuts)} cuts, {len(shapes)} batches (max_duration {max_duration} s, {num_buckets} "
+          f"buckets); batch frames {frames} = {frames / speech - 1:+.1%} over the speech's {speech}")
+    print("| T padded to a multiple of | frames run | added | distinct T | distinct (B, T) |")
+    print("|---|---|---|---|---|")
+    print(f"| - (symbolic B, T) | {frames} | - | {len({t for _, t in shapes})} | "
+          f"{len(set(shapes))} |")
+    for n in multiples:
+        padded = [(b, -(-t // n) * n) for b, t in shapes]
+        run = sum(b * t for b, t in padded)
+        print(f"| {n} | {run} | {run / frames - 1:+.1%} | {len({t for _, t in padded})} | {len(set(padded))} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="zipformer:tiny,conformer:tiny", help="comma-separated encoder:size")
@@ -136,10 +170,20 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dynamic", choices=COMPILE_DYNAMIC, default="auto")
     p.add_argument("--compile-joiner", action="store_true", help="also compile the joiner")
+    p.add_argument("--compile-optimizer", action="store_true", help="also compile ScaledAdam's update")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (eager / aot_eager: trace only)")
     p.add_argument("--encoder-batch-count", type=float, default=5000.0)
     p.add_argument("--decode", action="store_true", help="decoding RTFx instead of training steps")
+    p.add_argument("--padding", metavar="MANIFEST",
+                   help="no timing: the cost of padding T for a lhotse cut manifest's bucketed batches")
+    p.add_argument("--max-duration", type=float, default=30.0, help="with --padding: seconds per batch")
+    p.add_argument("--num-buckets", type=int, default=10, help="with --padding: the sampler's buckets")
+    p.add_argument("--pad-multiples", default="32,64,128,256", help="with --padding: comma-separated N (frames)")
     args = p.parse_args()
+    if args.padding:
+        padding_table(args.padding, args.max_duration, args.num_buckets,
+                      [int(v) for v in args.pad_multiples.split(",")])
+        return
     torch.set_num_threads(args.threads)
     bs = tuple(int(v) for v in args.batch_size.split(","))
     fr = tuple(int(v) for v in args.frames.split(","))
@@ -147,7 +191,8 @@ def main() -> None:
     print(f"# {datetime.date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
           f"{torch.__version__}, {args.threads} threads, device {args.device}, dynamic={args.dynamic}, "
           f"{args.batches} timed batches after {args.warmup}, B {args.batch_size}, frames {args.frames}"
-          f"{', joiner compiled' if args.compile_joiner else ''}, backend {args.backend}")
+          f"{', joiner compiled' if args.compile_joiner else ''}"
+          f"{', optimizer compiled' if args.compile_optimizer else ''}, backend {args.backend}")
     print("| what | precision | eager | compiled | speed-up (median per batch) | compile time | graphs | load avg |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):

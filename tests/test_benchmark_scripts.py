@@ -79,3 +79,23 @@ def test_decode_benchmark_times_the_ctc_head_beside_the_transducer():
     assert rows == ["greedy_search", "ctc_greedy_search", "ctc_prefix_beam_search"]
     p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)  # no CTC head without --ctc
     assert p.returncode != 0 and "--use-ctc" in p.stderr
+
+
+def test_compile_benchmark_prices_padding_t_against_symbolic_shapes(tmp_path):
+    from lhotse import CutSet
+    from lhotse.testing.dummies import dummy_cut
+
+    # 24 one-second cuts (100 frames each): padding T to a multiple of N runs ceil(100 / N) * N frames per cut
+    manifest = tmp_path / "cuts.jsonl.gz"
+    CutSet.from_cuts(dummy_cut(i, duration=1.0) for i in range(24)).to_file(manifest)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, str(ROOT / "benchmarks" / "compile.py"), "--padding", str(manifest), "--max-duration",
+            "4", "--num-buckets", "2", "--pad-multiples", "50,64,30"]
+    p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {r[0]: r[1:] for r in ([c.strip() for c in line.split("|")[1:-1]] for line in p.stdout.splitlines())
+            if r and r[0][:1] in "-0123456789"}
+    assert rows["- (symbolic B, T)"][0] == "2400"
+    assert rows["50"][:2] == ["2400", "+0.0%"]
+    assert rows["64"][:3] == [str(24 * 128), "+28.0%", "1"]
+    assert rows["30"][:3] == [str(24 * 120), "+20.0%", "1"]

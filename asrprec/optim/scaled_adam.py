@@ -17,6 +17,10 @@ _size_update, _step, _step_scalar); the code is ours. Differences:
   optionally bf16 moments) writes bf16 weights without the fp32 copy; the RMS, the scale gradient ``sum(p * g)``
   and the scalar clamp then read the rule's fp32 value of the weight.
 * Gradients that are None are skipped (icefall substitutes zeros).
+* :meth:`ScaledAdam.compile` runs the update of fp32 parameters as one ``torch.compile``'d function over all of
+  them (the per-tensor formulas unrolled: inductor fuses each tensor's ~20 ops into a few kernels). What changes per
+  step (the learning rates, the step's bias corrections and clipping factor, whether the tensor scales are learned
+  at this step) enters as tensors and masks, so one graph serves every step.
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ class ScaledAdam(Optimizer):
         super().__init__(params, defaults)
         self.batched = batched
         self.weight_update = weight_update
+        self._compiled_update = None
+        self._compiled_note = False
+        self._zero_grads: Dict[Tensor, Tensor] = {}  # the compiled update's stand-in for a missing gradient
         # global clipping state (icefall keeps it in the first parameter's state)
         self._clip: Dict[str, Any] = {"step": 0, "norms": None, "threshold": None, "num_clipped": 0}
 
@@ -168,6 +175,10 @@ class ScaledAdam(Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure_loss(closure)
+        if self._compiled_update is not None and self._can_fuse():
+            self._step_fused()
+            self._clip["step"] += 1
+            return loss
         todo: List[Tuple[dict, Tensor, Tensor, dict]] = []
         for group in self.param_groups:
             for p in group["params"]:
@@ -195,6 +206,103 @@ class ScaledAdam(Optimizer):
                 self._step_one(group, p, g, state)
         self._clip["step"] += 1
         return loss
+
+    # ---- compiled step ----------------------------------------------------------------------------------------
+    def compile(self, backend: str = "inductor", mode: Optional[str] = None) -> "ScaledAdam":
+        """Run every later :meth:`step` as one ``torch.compile``'d function over all parameters (``backend`` and
+        ``mode`` as for ``torch.compile``); returns ``self``. The first step compiles it (minutes on a CPU for a
+        model of a few hundred tensors). One graph serves every step: what changes per step (learning rates, step
+        counts, the clipping factor, which parameters have a gradient) enters as tensors. The update is the eager
+        one's up to float rounding (tests/optim/test_optim.py). bf16 parameters updated in place and a
+        ``weight_update`` rule are not compiled: those steps run eager, with one log line."""
+        self._compiled_update = torch.compile(_fused_update, backend=backend, mode=mode, dynamic=False,
+                                              fullgraph=True)
+        return self
+
+    _SHARED = ("betas", "eps", "param_min_rms", "param_max_rms", "scalar_max", "size_update_period")
+
+    def _can_fuse(self) -> bool:
+        params = [p for gr in self.param_groups for p in gr["params"]]
+        if all(p.grad is None for p in params):
+            return False  # nothing to update (the eager path records no gradient norm either)
+        why = None
+        if self.weight_update is not None:
+            why = "a bf16 weight-update rule"
+        elif any(p.dtype != torch.float32 or (p.grad is not None and p.grad.dtype != torch.float32) for p in params):
+            why = "parameters or gradients that are not float32"
+        elif any(p.grad is not None and p.grad.is_sparse for p in params):
+            why = "sparse gradients"
+        elif len({tuple(gr[k] for k in self._SHARED) for gr in self.param_groups}) > 1:
+            why = "parameter groups that differ in more than lr and scalar_lr_scale"
+        if why is not None and not self._compiled_note:
+            log.info("ScaledAdam: the compiled update does not take %s; steps run eager", why)
+            self._compiled_note = True
+        return why is None
+
+    def _step_fused(self) -> None:
+        """Every parameter (those without a gradient are masked out and keep their values and step count), so
+        the graph's inputs are the same list every step."""
+        items = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:  # what the eager path would set up when the first gradient arrives
+                    self._init_state(group, p, state)
+                items.append((group, p, state))
+        tensors = [it for it in items if it[1].numel() > 1]
+        scalars = [it for it in items if it[1].numel() == 1]
+        group0 = self.param_groups[0]
+        beta1, beta2 = group0["betas"]
+        period = group0["size_update_period"]
+        beta2_corr = beta2 ** period
+
+        def grad(p: Tensor) -> Tensor:
+            if p.grad is not None:
+                return p.grad
+            if p not in self._zero_grads:
+                self._zero_grads[p] = torch.zeros_like(p)
+            return self._zero_grads[p]
+
+        sq_norms = []
+        if self._clipping_active():
+            # the eager paths' sum over the parameters with a gradient: sum((g * rms)^2) = (|g| * rms)^2 per
+            # tensor, scalars weighted by scalar_lr_scale (a missing gradient counts as 0)
+            if tensors:
+                norms = torch.stack(torch._foreach_norm([grad(p) for _, p, _ in tensors]))
+                sq_norms.append((norms * torch.cat([st["param_rms"] for _, _, st in tensors])).square().sum())
+            if scalars:
+                sq_norms.append(sum(grad(p).square().sum() * gr["scalar_lr_scale"] ** 2 for gr, p, _ in scalars))
+        factor = self._clipping_factor(sq_norms)
+        # per tensor: (has a gradient, -lr (1 - beta1), the scale's step coefficient, measures its RMS this step,
+        # learns its scale this step, second-moment factor, step % period)
+        rows = []
+        for gr, p, st in tensors:
+            step = st["step"]
+            bias_correction2 = 1 - beta2 ** (step + 1)
+            rms_step = step % period == period - 1
+            size_bias = (1 - beta2_corr ** ((step + 1) // period)) ** 0.5
+            rows.append([float(p.grad is not None), -gr["lr"] * (1 - beta1),
+                         -gr["lr"] * gr["scalar_lr_scale"] * size_bias, float(rms_step), float(rms_step and step > 0),
+                         1.0 / bias_correction2 if bias_correction2 < 0.99 else 1.0, float(step % period)])
+        # per scalar: (has a gradient, -lr scalar_lr_scale (1 - beta1), bias correction 2)
+        srows = [[float(p.grad is not None), -gr["lr"] * gr["scalar_lr_scale"] * (1 - beta1),
+                  1 - beta2 ** (st["step"] + 1)] for gr, p, st in scalars]
+        dev = items[0][1].device
+        hyper = (beta1, beta2, group0["eps"], group0["param_min_rms"], group0["param_max_rms"],
+                 group0["scalar_max"], beta2_corr, period)
+
+        def states(its, key):
+            return [st[key] for _, _, st in its]
+
+        self._compiled_update(
+            [p.data for _, p, _ in tensors], [grad(p) for _, p, _ in tensors], states(tensors, "delta"),
+            states(tensors, "exp_avg_sq"), states(tensors, "param_rms"), states(tensors, "scale_grads"),
+            states(tensors, "scale_exp_avg_sq"), [p.data for _, p, _ in scalars], [grad(p) for _, p, _ in scalars],
+            states(scalars, "delta"), states(scalars, "exp_avg_sq"), torch.tensor(factor, device=dev),
+            torch.tensor(rows or [[0.0] * 7], device=dev), torch.tensor(srows or [[0.0] * 3], device=dev), hyper)
+        for _, p, st in items:
+            if p.grad is not None:
+                st["step"] += 1
 
     # ---- batched step -----------------------------------------------------------------------------------------
     def _step_batched(self, todo: List[Tuple[dict, Tensor, Tensor, dict]]) -> None:
@@ -375,6 +483,48 @@ class ScaledAdam(Optimizer):
         state["delta"].add_(g / denom, alpha=-lr * (1 - beta1))
         pf.clamp_(min=-group["scalar_max"], max=group["scalar_max"])
         pf.add_(state["delta"])
+
+
+def _fused_update(pfs: List[Tensor], gs: List[Tensor], deltas: List[Tensor], exp_avg_sqs: List[Tensor],
+                  param_rmss: List[Tensor], scale_gradss: List[Tensor], scale_seas: List[Tensor], spfs: List[Tensor],
+                  sgs: List[Tensor], sdeltas: List[Tensor], sexp_avg_sqs: List[Tensor], factor: Tensor,
+                  rows: Tensor, srows: Tensor, hyper: tuple) -> None:
+    """:meth:`ScaledAdam._step_one` for every parameter in one function (compiled by :meth:`ScaledAdam.compile`):
+    tensors ``pfs`` with their gradients and state, then scalars ``spfs``. ``rows`` and ``srows`` hold the
+    per-parameter values of this step (:meth:`ScaledAdam._step_fused`). Each state tensor is written as
+    ``torch.where(selected, new, old)``: a parameter without a gradient, and the RMS and scale terms on the steps
+    that do not learn them, keep their values exactly."""
+    beta1, beta2, eps, min_rms, max_rms, scalar_max, beta2_corr, period = hyper
+    for i, pf in enumerate(pfs):
+        has, lr_coef, size_coef, rms_step, size_step, second_moment_scale, col = rows[i].unbind(0)
+        has, measure, learn_scale = has > 0, rms_step > 0, size_step > 0
+        g = gs[i] * factor
+        delta_old, rms_old, scale_grads_old, sea_old = deltas[i], param_rmss[i], scale_gradss[i], scale_seas[i]
+        delta = delta_old * beta1
+        scale_grads = torch.where(torch.arange(period, device=pf.device) == col, (pf * g).sum(), scale_grads_old)
+        rms = torch.where(measure, pf.square().mean().sqrt().reshape(1), rms_old)
+        sea = torch.where(learn_scale, sea_old * beta2_corr + scale_grads.square().mean() * (1 - beta2_corr),
+                          sea_old)
+        scale_step = size_coef * scale_grads.sum() / (sea.sqrt() + eps)
+        scale_step = scale_step.masked_fill(rms < min_rms, 0.0)
+        scale_step = torch.minimum(scale_step, (max_rms - rms) / rms)
+        delta = torch.where(learn_scale, delta + pf * scale_step * (1 - beta1), delta)
+        exp_avg_sq = exp_avg_sqs[i] * beta2 + g * g * (1 - beta2)
+        denom = (exp_avg_sq * second_moment_scale).sqrt() + eps
+        delta = delta + g / denom * (rms.clamp(min=min_rms) * lr_coef)
+        for old, new in ((pf, pf + delta), (delta_old, delta), (exp_avg_sqs[i], exp_avg_sq), (rms_old, rms),
+                         (scale_grads_old, scale_grads), (sea_old, sea)):
+            old.copy_(torch.where(has, new, old))
+    for i, pf in enumerate(spfs):
+        has, lr_coef, bias_correction2 = srows[i].unbind(0)
+        has = has > 0
+        g = sgs[i] * factor
+        delta = sdeltas[i] * beta1
+        exp_avg_sq = sexp_avg_sqs[i] * beta2 + g * g * (1 - beta2)
+        delta = delta + g / ((exp_avg_sq / bias_correction2).sqrt() + eps) * lr_coef
+        new_pf = pf.clamp(min=-scalar_max, max=scalar_max) + delta
+        for old, new in ((pf, new_pf), (sdeltas[i], delta), (sexp_avg_sqs[i], exp_avg_sq)):
+            old.copy_(torch.where(has, new, old))
 
 
 def _bcast(per_row: Tensor, like: Tensor) -> Tensor:

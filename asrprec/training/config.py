@@ -78,6 +78,9 @@ class TrainConfig:
              "sampler makes; auto = torch's default, a static graph first and a dynamic one at the first new shape; "
              "false = a graph per shape")
     compile_joiner: bool = option(False, help="with --compile: also compile the joiner (the loss's logits)")
+    compile_optimizer: bool = option(
+        False, help="with --compile: also compile ScaledAdam's update, one graph over every parameter (minutes more "
+                    "compile; it pays where the per-tensor update costs much of a step: docs/compile.md)")
     compile_backend: str = option(
         "inductor", help="with --compile: the torch.compile backend. aot_eager traces forward and backward as inductor "
                          "does but runs eager kernels: a quick check that a model compiles and trains as in eager "
@@ -96,6 +99,9 @@ class TrainConfig:
             raise ValueError(f"ref_duration must be >= 0 seconds (0 = this run's max_duration), got {self.ref_duration}")
         if not self.encoder_schedule_scale > 0:
             raise ValueError(f"encoder_schedule_scale must be > 0, got {self.encoder_schedule_scale}")
+        if self.compile_optimizer and self.optimizer != "scaled_adam":
+            raise ValueError(f"compile_optimizer compiles ScaledAdam's update, and the optimizer is {self.optimizer!r}; "
+                             "fix: --optimizer scaled_adam, or leave --compile-optimizer off")
         if isinstance(self.compile_dynamic, bool):  # config.json of a run made when the flag was a switch
             self.compile_dynamic = "true" if self.compile_dynamic else "auto"
         if self.compile_dynamic not in COMPILE_DYNAMIC:

@@ -226,6 +226,8 @@ def test_compile_options_are_checked():
         compile_model(model, backend="inductr")
     with pytest.raises(ValueError, match="mode must be one of"):
         compile_model(model, mode="fastest")
+    with pytest.raises(ValueError, match="compile_optimizer compiles ScaledAdam's update.*--optimizer scaled_adam"):
+        config("unused", compile=True, compile_optimizer=True)  # the test config's optimizer is AdamW
 
 
 def _batches(shapes=((2, 46), (2, 46), (2, 46))):
@@ -253,15 +255,19 @@ def _model_for_training(encoder: str):
 # its compile of even this small model takes ~10 minutes, so that run is in the slow tier. One static shape keeps
 # the default tier to one training graph and one validation graph per run (the dynamic-shape graph is checked by
 # the test above, at dynamo's level, and by the slow runs).
-@pytest.mark.parametrize("encoder,backend", [
-    ("zipformer", "aot_eager"), ("conformer", "aot_eager"),
-    pytest.param("zipformer", "inductor", marks=pytest.mark.slow),
-    pytest.param("conformer", "inductor", marks=pytest.mark.slow)])
-def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path, one_thread, encoder, backend):
+# "scaled_adam": ScaledAdam, compiled too (--compile-optimizer) in the compiled runs.
+@pytest.mark.parametrize("encoder,backend,optimizer", [
+    ("zipformer", "aot_eager", "adamw"), ("conformer", "aot_eager", "adamw"),
+    ("conformer", "aot_eager", "scaled_adam"),
+    pytest.param("zipformer", "inductor", "adamw", marks=pytest.mark.slow),
+    pytest.param("conformer", "inductor", "scaled_adam", marks=pytest.mark.slow)])
+def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path, one_thread, encoder, backend, optimizer):
     policy = get_policy("fp32", "cpu")
     slow = backend == "inductor"  # (B, T) varying as under the bucketing sampler, one dynamic graph
     batches = _batches(((2, 40), (3, 52), (2, 46)) if slow else ((2, 46),) * 3)
-    opts = dict(compile_backend=backend, compile_dynamic="true" if slow else "false")
+    opts = dict(compile_backend=backend, compile_dynamic="true" if slow else "false", optimizer=optimizer)
+    if optimizer == "scaled_adam":
+        opts.update(compile_optimizer=True, base_lr=0.02)
     runs = {}
     for name, compiled in (("eager", False), ("compiled", True)):
         state = train(model=_model_for_training(encoder), policy=policy, tokenizer=Tok(), train_dl=batches,
@@ -272,7 +278,7 @@ def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path, one_thread
     # the training and the validation graph in epoch 1; epoch 2's schedules, shapes and modes are served by them
     # (with dynamic shapes epoch 1 may add one graph when a size first differs from the one it saw)
     graphs = [h["compiled_graphs"] for h in comp.history]
-    assert graphs[0] >= 2 and graphs[1] == 0, graphs
+    assert graphs[0] >= (3 if optimizer == "scaled_adam" else 2) and graphs[1] == 0, graphs  # + the optimizer's
     assert "compiled_graphs" not in eager.history[0]
     for he, hc in zip(eager.history, comp.history):
         assert math.isclose(he["train_loss"], hc["train_loss"], rel_tol=1e-5), (he, hc)

@@ -201,3 +201,69 @@ def test_batched_scaled_adam_matches_one_tensor_at_a_time(clipping_scale):
     assert opts[0].state[pa[1]]["step"] == 20  # skipped steps are not counted
     if clipping_scale is not None:
         assert opts[0]._clip["threshold"] == pytest.approx(opts[1]._clip["threshold"], rel=1e-5)
+
+
+def _fp32_params(seed):
+    """Shapes shared and unshared, scalars, one parameter that never gets a gradient."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(8, 5), (8, 5), (8, 5), (5,), (5,), (3, 4, 2), (), (), (), (6,)]
+    return [nn.Parameter(torch.randn(s, generator=g) * 0.3) for s in shapes]
+
+
+@pytest.mark.parametrize("clipping_scale,backend", [
+    (None, "aot_eager"), (2.0, "aot_eager"), pytest.param(2.0, "inductor", marks=pytest.mark.slow)])
+def test_compiled_scaled_adam_matches_the_eager_update(clipping_scale, backend):
+    """ScaledAdam.compile (aot_eager: the graph as inductor gets it, run by eager kernels; inductor's generated
+    kernels in the slow tier) against the per-tensor eager loop, over steps that cross the scale updates (every 4), the clipping
+    updates (step 10, then every 12), a gradient spike, and gradients that are missing on some steps (their
+    parameters keep their values and step counts) or always."""
+    pa, pb = _fp32_params(0), _fp32_params(0)
+    kw = dict(lr=0.05, clipping_scale=clipping_scale, clipping_update_period=12)
+    opts = []
+    for ps in (pa, pb):
+        groups = [{"params": ps[:5] + ps[9:]}, {"params": ps[5:9], "lr": 0.02}]
+        opts.append(ScaledAdam(groups, batched=False, **kw))
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend(backend)
+    opts[0].compile(backend=counter)
+    g = torch.Generator().manual_seed(1)
+    for step in range(30):
+        grads = [torch.randn(p.shape, generator=g) * (10.0 if step == 25 else 1.0) for p in pa]
+        for ps, opt in zip((pa, pb), opts):
+            for i, (p, gr) in enumerate(zip(ps, grads)):
+                p.grad = None if (i in (1, 7) and step % 3 == 1) or i == 9 else gr.clone()
+            opt.step()
+    for a, b in zip(pa, pb):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        sa, sb = opts[0].state[a], opts[1].state[b]
+        if not sb:  # never had a gradient: eager made no state, the compiled step keeps an unused one
+            assert sa["step"] == 0
+            continue
+        assert sa.keys() == sb.keys() and sa["step"] == sb["step"]
+        for k in sa:
+            if isinstance(sa[k], torch.Tensor):
+                torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-6)
+    assert opts[0].state[pa[1]]["step"] == 20  # skipped steps are not counted
+    assert torch.equal(pa[9], _fp32_params(0)[9])
+    assert counter.frame_count == 1  # one graph for every step
+    if clipping_scale is not None:
+        assert opts[0]._clip["threshold"] == pytest.approx(opts[1]._clip["threshold"], rel=1e-5)
+
+
+def test_compiled_scaled_adam_runs_bf16_parameters_eager(caplog):
+    pa, pb = _mixed_params(0), _mixed_params(0)
+    opts = [ScaledAdam(ps, lr=0.05, batched=False) for ps in (pa, pb)]
+    opts[0].compile(backend="aot_eager")
+    g = torch.Generator().manual_seed(1)
+    with caplog.at_level("INFO", logger="asrprec.optim.scaled_adam"):
+        for _ in range(3):
+            grads = [torch.randn(p.shape, generator=g) for p in pa]
+            for ps, opt in zip((pa, pb), opts):
+                for p, gr in zip(ps, grads):
+                    p.grad = gr.to(p.dtype)
+                opt.step()
+    for a, b in zip(pa, pb):
+        assert torch.equal(a, b)
+    assert "does not take parameters or gradients that are not float32" in caplog.text
