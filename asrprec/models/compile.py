@@ -24,7 +24,7 @@ from torch import nn
 from .builders import unwrap_model
 
 __all__ = ["COMPILE_DYNAMIC", "COMPILE_MODES", "COMPILE_PARTS", "compile_model", "compiled_graph_count",
-           "prepare_for_tracing"]
+           "prepare_for_tracing", "recompile_limit_hits"]
 
 #: the parts :func:`compile_model` can compile
 COMPILE_PARTS = ("encoder", "joiner")
@@ -97,6 +97,30 @@ def prepare_for_tracing(model: nn.Module) -> nn.Module:
         if hasattr(m, "prepare_for_tracing") and m is not model:
             m.prepare_for_tracing()
     return model
+
+
+class _RecompileLimitRecorder(logging.Filter):
+    """Notes each function for which dynamo gives up recompiling (its "hit config.recompile_limit" warning: from
+    then on the function runs eager), so a training loop can name it; every record passes through unchanged."""
+
+    hits: list = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("torch._dynamo hit config."):
+            lines = record.getMessage().splitlines()
+            self.hits.append(next((ln.strip()[len("function: "):] for ln in lines if "function:" in ln), lines[0]))
+        return True
+
+
+_RECORDER = _RecompileLimitRecorder()
+# torch/_dynamo/convert_frame.py logs the warning through its module logger
+logging.getLogger("torch._dynamo.convert_frame").addFilter(_RECORDER)
+
+
+def recompile_limit_hits() -> list:
+    """The functions (name, file and line) that reached ``torch._dynamo.config.recompile_limit`` in this process,
+    in order: dynamo runs each of them eager from then on."""
+    return list(_RECORDER.hits)
 
 
 def compiled_graph_count() -> int:

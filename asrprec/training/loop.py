@@ -32,7 +32,7 @@ from torch import nn
 
 from asrprec import checkpoint as ckpt
 from asrprec.models import unwrap_model
-from asrprec.models.compile import compile_model, compiled_graph_count
+from asrprec.models.compile import compile_model, compiled_graph_count, recompile_limit_hits
 from asrprec.optim.factories import optimizer_from_config, scheduler_from_config
 from asrprec.precision import PrecisionPolicy
 from asrprec.rng import preserved_rng, seed_everything, set_rng_state
@@ -390,7 +390,7 @@ def train_one_epoch(
 
 
 def _end_epoch(*, stats: dict[str, Any], model, policy, tokenizer, valid_dl, cfg, state: TrainState, writer,
-               save, graphs_before: int = 0) -> None:
+               save, graphs_before: tuple[int, int] = (0, 0)) -> None:
     """Save the epoch's checkpoint, then validate (so validation can never lose the epoch), then record."""
     epoch = state.epoch
     state.progress.epoch_done = True
@@ -410,19 +410,26 @@ def _end_epoch(*, stats: dict[str, Any], model, policy, tokenizer, valid_dl, cfg
                                      **stats})
 
 
-def _log_compiled_graphs(epoch: int, before: int) -> int:
+def _compile_marks() -> tuple[int, int]:
+    """(graphs compiled, functions past the recompile limit) so far, for :func:`_log_compiled_graphs`."""
+    return compiled_graph_count(), len(recompile_limit_hits())
+
+
+def _log_compiled_graphs(epoch: int, before: tuple[int, int]) -> int:
     """Log the graphs torch.compile made during ``epoch`` (training and validation, first compiles and recompiles)
-    and warn when they reach dynamo's per-function recompile limit: past it dynamo runs that function eager."""
+    and warn, naming them, about functions that reached dynamo's recompile limit: past it they run eager."""
     import torch._dynamo.config as dynamo_config
 
-    new = compiled_graph_count() - before
-    limit = dynamo_config.recompile_limit
-    logging.info("torch.compile: %d graphs compiled during epoch %d (%d in all)", new, epoch, before + new)
-    if new >= limit:
-        log.warning("torch.compile compiled %d graphs during epoch %d, as many as torch._dynamo.config."
-                    "recompile_limit (%d): shapes or schedules are recompiling the model, and a function past the "
-                    "limit runs eager. Run with TORCH_LOGS=recompiles to see the guard that failed; "
-                    "--compile-dynamic true keeps every (B, T) in one graph (docs/compile.md).", new, epoch, limit)
+    new = compiled_graph_count() - before[0]
+    logging.info("torch.compile: %d graphs compiled during epoch %d (%d in all)", new, epoch, before[0] + new)
+    hits = recompile_limit_hits()[before[1]:]
+    if hits:
+        log.warning("torch.compile: %s reached torch._dynamo.config.recompile_limit (%d) during epoch %d and "
+                    "run%s eager from there on: shapes or schedules keep recompiling %s. Run with "
+                    "TORCH_LOGS=recompiles to see the guard that keeps failing; --compile-dynamic true keeps every "
+                    "(B, T) in one graph (docs/compile.md).", "; ".join(dict.fromkeys(hits)),
+                    dynamo_config.recompile_limit, epoch, "" if len(set(hits)) > 1 else "s",
+                    "them" if len(set(hits)) > 1 else "it")
     return new
 
 
@@ -523,7 +530,7 @@ def train(
     with PreemptionWatch(cfg.preempt_signals) as watch, \
             SummaryWriterOrNull(exp_dir / "tensorboard", enabled=cfg.tensorboard and is_main_process()) as writer:
         write_precision(writer, desc, dtypes)
-        graphs_before = compiled_graph_count() if cfg.compile else 0
+        graphs_before = _compile_marks() if cfg.compile else (0, 0)
         for epoch in range(state.epoch, cfg.num_epochs + 1):
             state.epoch = epoch
             resumed_mid_epoch = state.progress is not None and state.progress.epoch == epoch \
@@ -550,7 +557,7 @@ def train(
             stats["dropped_cuts_by_reason"] = dropped_cut_totals(state.progress, duration_drops)
             _end_epoch(stats=stats, model=model, policy=policy, tokenizer=tokenizer, valid_dl=valid_dl, cfg=cfg,
                        state=state, writer=writer, save=save, graphs_before=graphs_before)
-            graphs_before = compiled_graph_count() if cfg.compile else 0
+            graphs_before = _compile_marks() if cfg.compile else (0, 0)
             if epoch < cfg.num_epochs and (ranks := preempted_ranks(watch)):  # a signal during the epoch's end
                 stop_for_preemption(watch, ranks, exp_dir=cfg.exp_dir, epoch=epoch,
                                     batch_idx_train=state.batch_idx_train, batches_done=state.progress.batches_done,
