@@ -43,7 +43,8 @@ def _dynamic_arg(dynamic: str) -> Optional[bool]:
 
 
 def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dynamic: str = "auto",
-                  backend: str = "inductor", mode: Optional[str] = None, eager_random: bool = True) -> nn.Module:
+                  backend: str = "inductor", mode: Optional[str] = None, eager_random: bool = True,
+                  recompile_limit: Optional[int] = None) -> nn.Module:
     """Compile ``parts`` of ``model`` (a Transducer, bare or DDP-wrapped) in place and return ``model``.
 
     Args:
@@ -57,11 +58,19 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
         eager_random: generated code draws dropout masks and other random tensors with torch's own kernels
             (``torch._inductor.config.fallback_random``), so a compiled run draws the same numbers as an eager
             one and resumes exactly; False lets inductor fuse its own random number generation.
+        recompile_limit: graphs each compiled function may have before dynamo runs it eager (torch.compile's
+            per-region limit; None = ``torch._dynamo.config.recompile_limit``, 8). Early in training the Zipformer's
+            functions are specialised, a bounded number of times, on each schedule that settles, on training against
+            validation, on a batch of one utterance and on inductor's choice of reduction code by size: more than 8
+            during the embedded recipe, whose schedules run 30x faster.
 
     Raises:
-        ValueError: an unknown part, ``dynamic``, ``backend`` or ``mode``, or a model without that part.
+        ValueError: an unknown part, ``dynamic``, ``backend``, ``mode`` or ``recompile_limit``, or a model without
+            that part.
     """
     dyn = _dynamic_arg(dynamic)
+    if recompile_limit is not None and recompile_limit < 1:
+        raise ValueError(f"recompile_limit must be >= 1 (or None for torch's default), got {recompile_limit}")
     if mode == "default":
         mode = None
     if mode is not None and mode not in COMPILE_MODES:
@@ -83,9 +92,10 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
         inductor_config.fallback_random = True
     prepare_for_tracing(bare)
     for part in parts:
-        getattr(bare, part).compile(dynamic=dyn, backend=backend, mode=mode)
-    logging.info("torch.compile: %s (backend=%s, dynamic=%s%s)", ", ".join(parts), backend, dynamic,
-                 "" if mode is None else f", mode={mode}")
+        getattr(bare, part).compile(dynamic=dyn, backend=backend, mode=mode, recompile_limit=recompile_limit)
+    logging.info("torch.compile: %s (backend=%s, dynamic=%s%s%s)", ", ".join(parts), backend, dynamic,
+                 "" if mode is None else f", mode={mode}",
+                 "" if recompile_limit is None else f", recompile_limit={recompile_limit}")
     return model
 
 

@@ -78,6 +78,11 @@ class TrainConfig:
              "sampler makes; auto = torch's default, a static graph first and a dynamic one at the first new shape; "
              "false = a graph per shape")
     compile_joiner: bool = option(False, help="with --compile: also compile the joiner (the loss's logits)")
+    compile_recompile_limit: int = option(
+        24, help="with --compile: graphs each compiled function of the model may have before it runs eager. Early in "
+                 "training the Zipformer specialises on schedules that settle, validation, one-utterance batches "
+                 "(bounded, but past torch's default of 8 in the embedded recipe); the epoch log names any function "
+                 "that reaches it")
     compile_optimizer: bool = option(
         False, help="with --compile: also compile ScaledAdam's update, one graph over every parameter (minutes more "
                     "compile; it pays where the per-tensor update costs much of a step: docs/compile.md)")
@@ -99,6 +104,8 @@ class TrainConfig:
             raise ValueError(f"ref_duration must be >= 0 seconds (0 = this run's max_duration), got {self.ref_duration}")
         if not self.encoder_schedule_scale > 0:
             raise ValueError(f"encoder_schedule_scale must be > 0, got {self.encoder_schedule_scale}")
+        if self.compile_recompile_limit < 1:
+            raise ValueError(f"compile_recompile_limit must be >= 1, got {self.compile_recompile_limit}")
         if self.compile_optimizer and self.optimizer != "scaled_adam":
             raise ValueError(f"compile_optimizer compiles ScaledAdam's update, and the optimizer is {self.optimizer!r}; "
                              "fix: --optimizer scaled_adam, or leave --compile-optimizer off")

@@ -418,18 +418,15 @@ def _compile_marks() -> tuple[int, int]:
 def _log_compiled_graphs(epoch: int, before: tuple[int, int]) -> int:
     """Log the graphs torch.compile made during ``epoch`` (training and validation, first compiles and recompiles)
     and warn, naming them, about functions that reached dynamo's recompile limit: past it they run eager."""
-    import torch._dynamo.config as dynamo_config
-
     new = compiled_graph_count() - before[0]
     logging.info("torch.compile: %d graphs compiled during epoch %d (%d in all)", new, epoch, before[0] + new)
-    hits = recompile_limit_hits()[before[1]:]
+    hits = list(dict.fromkeys(recompile_limit_hits()[before[1]:]))
     if hits:
-        log.warning("torch.compile: %s reached torch._dynamo.config.recompile_limit (%d) during epoch %d and "
-                    "run%s eager from there on: shapes or schedules keep recompiling %s. Run with "
-                    "TORCH_LOGS=recompiles to see the guard that keeps failing; --compile-dynamic true keeps every "
-                    "(B, T) in one graph (docs/compile.md).", "; ".join(dict.fromkeys(hits)),
-                    dynamo_config.recompile_limit, epoch, "" if len(set(hits)) > 1 else "s",
-                    "them" if len(set(hits)) > 1 else "it")
+        log.warning("torch.compile: %s reached dynamo's recompile limit during epoch %d and run%s eager from there "
+                    "on. TORCH_LOGS=recompiles names the guards that fail: if they are bounded (schedules settling, "
+                    "train/eval, batch sizes of 1), raise --compile-recompile-limit; if they follow every shape, "
+                    "--compile-dynamic true keeps every (B, T) in one graph (docs/compile.md).", "; ".join(hits),
+                    epoch, "" if len(hits) > 1 else "s")
     return new
 
 
@@ -486,7 +483,8 @@ def train(
         scan_on_every_rank(model, train_dl, tokenizer, policy, encoder_schedule_scale=cfg.encoder_schedule_scale)
     if cfg.compile:  # in place, before DDP: DDP wraps the model that holds the compiled encoder
         compile_model(model, parts=("encoder", "joiner") if cfg.compile_joiner else ("encoder",),
-                      dynamic=cfg.compile_dynamic, backend=cfg.compile_backend, mode=cfg.compile_mode)
+                      dynamic=cfg.compile_dynamic, backend=cfg.compile_backend, mode=cfg.compile_mode,
+                      recompile_limit=cfg.compile_recompile_limit)
     # DDP after the cast (it broadcasts and hooks the parameters as they are) and before the optimizer (the
     # bf16 master weights copy rank 0's broadcast values)
     model = wrap_model(model, policy.device)

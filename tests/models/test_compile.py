@@ -229,6 +229,31 @@ def test_a_function_past_the_recompile_limit_is_named_in_the_epoch_log(caplog):
     assert "'shaped'" in warning[0] and "test_compile.py" in warning[0] and "TORCH_LOGS=recompiles" in warning[0]
 
 
+def test_recompile_limit_is_per_compiled_model():
+    # compile_model(recompile_limit=N): the model's functions may have N graphs (torch.compile's per-region limit),
+    # other compiled code keeps dynamo's global limit
+    import torch._dynamo.config as dynamo_config
+
+    from asrprec.models.compile import recompile_limit_hits
+
+    model = _model("conformer")
+    torch._dynamo.reset()
+    limit = dynamo_config.recompile_limit + 4
+    compile_model(model, parts=("joiner",), dynamic="false", backend="eager", recompile_limit=limit)
+    hits = len(recompile_limit_hits())
+    for n in range(1, limit):  # a graph per shape: limit - 1 of them
+        model.joiner(torch.randn(n, model.joiner.encoder_proj.in_features),
+                     torch.randn(n, model.joiner.decoder_proj.in_features))
+    assert len(recompile_limit_hits()) == hits
+    model.joiner(torch.randn(limit, model.joiner.encoder_proj.in_features),
+                 torch.randn(limit, model.joiner.decoder_proj.in_features))
+    model.joiner(torch.randn(limit + 1, model.joiner.encoder_proj.in_features),
+                 torch.randn(limit + 1, model.joiner.decoder_proj.in_features))
+    assert len(recompile_limit_hits()) == hits + 1
+    with pytest.raises(ValueError, match="recompile_limit must be >= 1"):
+        compile_model(model, recompile_limit=0)
+
+
 def test_compile_options_are_checked():
     model = _model("conformer")
     with pytest.raises(ValueError, match="cannot compile 'decoder'"):
