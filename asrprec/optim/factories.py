@@ -24,12 +24,16 @@ __all__ = ["optimizer_from_config", "scheduler_from_config"]
 
 def optimizer_from_config(model: nn.Module, cfg: TrainConfig, policy: PrecisionPolicy):
     """The optimizer ``cfg.optimizer`` names (ScaledAdam, icefall's, or AdamW), built through the policy's
-    :meth:`~asrprec.precision.PrecisionPolicy.build_optimizer` (fp32 master weights under bf16)."""
+    :meth:`~asrprec.precision.PrecisionPolicy.build_optimizer` (fp32 master weights under bf16); ScaledAdam's
+    update compiled with ``cfg.compile`` and ``cfg.compile_optimizer``."""
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "scaled_adam":
 
         def factory(ps):
-            return ScaledAdam(ps, lr=cfg.base_lr, clipping_scale=2.0)
+            opt = ScaledAdam(ps, lr=cfg.base_lr, clipping_scale=2.0)
+            if cfg.compile and cfg.compile_optimizer:  # here, inside any policy wrapper (the bf16 fp32 masters)
+                opt.compile(backend=cfg.compile_backend, mode=cfg.compile_mode)
+            return opt
     else:
 
         def factory(ps):

@@ -490,8 +490,6 @@ def train(
     model = wrap_model(model, policy.device)
     desc, dtypes = log_run_start(model, policy)
     optimizer = optimizer_from_config(model, cfg, policy)
-    if cfg.compile and cfg.compile_optimizer:  # ScaledAdam itself, or inside the bf16 policy's fp32 masters
-        getattr(optimizer, "inner", optimizer).compile(backend=cfg.compile_backend, mode=cfg.compile_mode)
     scheduler = scheduler_from_config(optimizer, cfg)
     scaler = policy.make_scaler()
     scaler.watch(unwrap_model(model))
