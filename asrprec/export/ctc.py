@@ -136,24 +136,10 @@ def export_ctc_streaming(model: nn.Module, tokenizer: Any, out_dir: Path | str, 
 def quantize_ctc_int8(exported: ExportedCtcModel) -> ExportedCtcModel:
     """int8 variant ``model.int8.onnx``: the weight matrices quantised as :func:`asrprec.export.quantize_int8` does
     for a transducer's encoder (icefall quantises its CTC model's MatMuls the same way); the metadata is kept."""
-    from asrprec._optional import require
-
-    from .exporter import _constant_products
-
-    require("onnxruntime")
-    import logging
-
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from .exporter import _quantize_file_int8
 
     out = exported.variant("int8")
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)  # the quantiser logs every tensor it skips through the root logger
-    try:
-        quantize_dynamic(exported.model, out.model, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
-                         per_channel=True, nodes_to_exclude=_constant_products(exported.model),
-                         extra_options={"MatMulConstBOnly": True})
-    finally:
-        logging.disable(previous)
+    _quantize_file_int8(exported.model, out.model, ["MatMul"])
     _ensure_metadata(exported.model, out.model)
     return out
 

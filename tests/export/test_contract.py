@@ -103,3 +103,22 @@ def test_variants_keep_metadata_and_float_io(exported, kind, variant):
         assert [(n, t) for n, t, _ in v_ins] == [(n, t) for n, t, _ in ins]
         assert [(n, t) for n, t, _ in v_outs] == [(n, t) for n, t, _ in outs]
     assert var.encoder.stat().st_size < ex.encoder.stat().st_size
+
+
+@pytest.mark.parametrize("kind", ["zipformer", "causal"])
+def test_int8_weights_cannot_saturate_a_non_vnni_cpu(exported, kind):
+    """On x86 without VNNI, onnxruntime multiplies uint8 activations (0..255) by int8 weights with vpmaddubsw, which
+    adds two products into a saturating int16: exact only while 2 * 255 * max|w| <= 32767, i.e. |w| <= 64. Every
+    quantised weight matrix of every int8 file keeps to that bound (full-range int8 weights, up to 127, decoded
+    repeated tokens on such a CPU), and the bound is not met by accident: some weight reaches at least 32."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    var = exported[kind].variant("int8")
+    for path in (var.encoder, var.decoder, var.joiner):
+        weights = [numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer
+                   if t.data_type == onnx.TensorProto.INT8]
+        assert weights, f"{path.name} holds no int8 weight"
+        peak = max(int(abs(w.astype(np.int32)).max()) for w in weights)
+        assert 32 <= peak and 2 * 255 * peak <= 32767, (path.name, peak)
