@@ -8,6 +8,7 @@ and the median of the per-batch time ratios; a ratio above 1 means the compiled 
 
     python benchmarks/compile.py --models zipformer:tiny,zipformer:small,conformer:tiny --precisions fp32,amp-bf16
     python benchmarks/compile.py --decode --models zipformer:tiny       # encoder + greedy search, RTFx
+    python benchmarks/compile.py --models zipformer:small --regions layers   # front-end and layers compiled apart
     python benchmarks/compile.py --padding recipes/espeak/data/espeak_cuts_train_fbank.jsonl.gz --max-duration 30
 
 ``--padding`` times nothing: it runs lhotse's bucketing sampler over a training manifest for an epoch and prints
@@ -33,7 +34,7 @@ import torch
 
 from asrprec.decoding import greedy_search
 from asrprec.models import LossConfig, build_transducer, set_batch_count
-from asrprec.models.compile import COMPILE_DYNAMIC, compile_model, compiled_graph_count
+from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_REGIONS, compile_model, compiled_graph_count
 from asrprec.optim import ScaledAdam
 from asrprec.precision import get_policy
 
@@ -53,7 +54,7 @@ def make_batches(n: int, seed: int, batch: tuple[int, int], frames: tuple[int, i
 
 
 def _pair(name: str, precision: str, device: str, batch_count: float, dynamic: str, joiner: bool, train: bool,
-          backend: str = "inductor"):
+          backend: str = "inductor", regions: str = "model"):
     encoder, _, size = name.partition(":")
     torch.manual_seed(0)
     model = build_transducer(encoder=encoder, size=size or "tiny", vocab_size=128,
@@ -64,7 +65,7 @@ def _pair(name: str, precision: str, device: str, batch_count: float, dynamic: s
     set_batch_count(model.encoder, batch_count)
     compiled = copy.deepcopy(model)
     compile_model(compiled, parts=("encoder", "joiner") if joiner else ("encoder",), dynamic=dynamic,
-                  backend=backend)
+                  backend=backend, regions=regions)
     return policy, model, compiled
 
 
@@ -75,7 +76,7 @@ def _sync(device: str) -> None:
 
 def bench_train(name: str, precision: str, args, batches) -> str:
     policy, eager, compiled = _pair(name, precision, args.device, args.encoder_batch_count, args.dynamic,
-                                    args.compile_joiner, train=True, backend=args.backend)
+                                    args.compile_joiner, train=True, backend=args.backend, regions=args.regions)
     runs = []
     for model in (eager, compiled):
         opt = policy.build_optimizer(model.parameters(), lambda ps: ScaledAdam(ps, lr=0.045, clipping_scale=2.0))
@@ -108,7 +109,7 @@ def bench_train(name: str, precision: str, args, batches) -> str:
 
 def bench_decode(name: str, precision: str, args, batches) -> str:
     policy, eager, compiled = _pair(name, precision, args.device, args.encoder_batch_count, args.dynamic,
-                                    False, train=False, backend=args.backend)
+                                    False, train=False, backend=args.backend, regions=args.regions)
     times: list[list[float]] = [[], []]
     audio = []
     graphs0 = compiled_graph_count()
@@ -171,6 +172,8 @@ def main() -> None:
     p.add_argument("--dynamic", choices=COMPILE_DYNAMIC, default="auto")
     p.add_argument("--compile-joiner", action="store_true", help="also compile the joiner")
     p.add_argument("--compile-optimizer", action="store_true", help="also compile ScaledAdam's update")
+    p.add_argument("--regions", choices=COMPILE_REGIONS, default="model",
+                   help="model = the encoder compiled whole; layers = its front-end and each layer on their own")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (eager / aot_eager: trace only)")
     p.add_argument("--encoder-batch-count", type=float, default=5000.0)
     p.add_argument("--decode", action="store_true", help="decoding RTFx instead of training steps")
@@ -192,7 +195,8 @@ def main() -> None:
           f"{torch.__version__}, {args.threads} threads, device {args.device}, dynamic={args.dynamic}, "
           f"{args.batches} timed batches after {args.warmup}, B {args.batch_size}, frames {args.frames}"
           f"{', joiner compiled' if args.compile_joiner else ''}"
-          f"{', optimizer compiled' if args.compile_optimizer else ''}, backend {args.backend}")
+          f"{', optimizer compiled' if args.compile_optimizer else ''}, backend {args.backend}"
+          f"{', regions ' + args.regions if args.regions != 'model' else ''}")
     print("| what | precision | eager | compiled | speed-up (median per batch) | compile time | graphs | load avg |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):

@@ -24,7 +24,7 @@ from torch import nn
 from asrprec.config import add_dataclass_args, dataclass_from_args, option
 from asrprec.data.validate import CHECK_MODES
 
-from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES
+from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES, COMPILE_REGIONS
 
 from .api import METHODS, DecodingOptions
 from .label_looping import DEFAULT_GREEDY_METHOD, GREEDY_METHODS
@@ -68,6 +68,9 @@ class DecodeConfig:
                                        "the first new (B, T); true = dynamic from the first batch; false = a graph "
                                        "per shape")
     compile_mode: str = option("default", choices=COMPILE_MODES, help="--compile's torch.compile mode")
+    compile_regions: str = option("model", choices=COMPILE_REGIONS,
+                                  help="--compile's scope: model = the encoder whole; layers = its front-end and "
+                                       "each layer on their own (a shorter compile: docs/compile.md)")
     tail_padding: float = option(0.0, metavar="SECONDS",
                                  help="with --streaming: end each stream as a sherpa-onnx client does, with this much "
                                       "silence appended to the audio (its examples: 0.66) and only whole chunks "
@@ -151,7 +154,7 @@ def load_for_decoding(exp_dir: Path | str, cfg: DecodeConfig, precision: Any) ->
     if cfg.compile and not cfg.streaming:  # streaming runs streaming_forward, not forward
         from asrprec.models.compile import compile_model
 
-        compile_model(model, dynamic=cfg.compile_dynamic, mode=cfg.compile_mode)
+        compile_model(model, dynamic=cfg.compile_dynamic, mode=cfg.compile_mode, regions=cfg.compile_regions)
     streaming = (cfg.chunk_size, cfg.left_context_frames) if cfg.streaming else None
     return DecodingSetup(model=model, policy=policy, tag=result_tag(cfg, precision.precision, streaming_tag),
                          weights=weights, streaming=streaming, min_input_frames=min_frames)

@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from .builders import unwrap_model
+from .tracing import compiled_regions
 
-__all__ = ["COMPILE_DYNAMIC", "COMPILE_MODES", "COMPILE_PARTS", "compile_model", "compiled_graph_count",
-           "prepare_for_tracing", "recompile_limit_hits"]
+__all__ = ["COMPILE_DYNAMIC", "COMPILE_MODES", "COMPILE_PARTS", "COMPILE_REGIONS", "compile_model",
+           "compiled_graph_count", "compiled_regions", "prepare_for_tracing", "recompile_limit_hits"]
 
 #: the parts :func:`compile_model` can compile
 COMPILE_PARTS = ("encoder", "joiner")
@@ -34,6 +35,11 @@ COMPILE_DYNAMIC = ("auto", "true", "false")
 #: ``mode`` choices of ``torch.compile`` (``default`` = None); on a GPU ``max-autotune-no-cudagraphs`` tries more
 #: kernel configurations at a longer compile, and CUDA graphs (``reduce-overhead``) need static shapes
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: ``regions`` choices: ``model`` = each part is one compiled function (inductor fuses across layers; the longest
+#: compile); ``layers`` = the encoder's front-end and each of its layers are compiled on their own (the encoder's
+#: ``compile_regions()``), and layers of the same shape share one compiled code, so the compile time grows with the
+#: number of distinct layers rather than with the depth (PyTorch's "regional compilation" recipe)
+COMPILE_REGIONS = ("model", "layers")
 
 
 def _dynamic_arg(dynamic: str) -> Optional[bool]:
@@ -44,7 +50,7 @@ def _dynamic_arg(dynamic: str) -> Optional[bool]:
 
 def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dynamic: str = "auto",
                   backend: str = "inductor", mode: Optional[str] = None, eager_random: bool = True,
-                  recompile_limit: Optional[int] = None) -> nn.Module:
+                  recompile_limit: Optional[int] = None, regions: str = "model") -> nn.Module:
     """Compile ``parts`` of ``model`` (a Transducer, bare or DDP-wrapped) in place and return ``model``.
 
     Args:
@@ -62,11 +68,15 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
             per-region limit; None = ``torch._dynamo.config.recompile_limit``, 8). Early in training the Zipformer's
             functions are specialised, a bounded number of times, on each schedule that settles, on training against
             validation, on a batch of one utterance and on inductor's choice of reduction code by size: more than 8
-            during the embedded recipe, whose schedules run 30x faster.
+            during the embedded recipe, whose schedules run 30x faster. With ``regions="layers"`` every region of
+            a part gets this many graphs: the regions share one compiled code object (``nn.Module.__call__``'s),
+            which dynamo counts together, so a part of N regions is given N times the limit.
+        regions: one of :data:`COMPILE_REGIONS`. ``layers`` applies to a part whose module names its regions
+            (``compile_regions()``: both encoders); other parts (the joiner) are compiled whole either way.
 
     Raises:
-        ValueError: an unknown part, ``dynamic``, ``backend``, ``mode`` or ``recompile_limit``, or a model without
-            that part.
+        ValueError: an unknown part, ``dynamic``, ``backend``, ``mode``, ``regions`` or ``recompile_limit``, or a
+            model without that part.
     """
     dyn = _dynamic_arg(dynamic)
     if recompile_limit is not None and recompile_limit < 1:
@@ -75,7 +85,10 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
         mode = None
     if mode is not None and mode not in COMPILE_MODES:
         raise ValueError(f"mode must be one of {COMPILE_MODES}, got {mode!r}")
+    if regions not in COMPILE_REGIONS:
+        raise ValueError(f"regions must be one of {COMPILE_REGIONS}, got {regions!r}")
     import torch._dynamo
+    import torch._dynamo.config as dynamo_config
 
     backends = torch._dynamo.list_backends(exclude_tags=())
     if isinstance(backend, str) and backend not in backends:
@@ -92,10 +105,22 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
         inductor_config.fallback_random = True
     prepare_for_tracing(bare)
     for part in parts:
-        getattr(bare, part).compile(dynamic=dyn, backend=backend, mode=mode, recompile_limit=recompile_limit)
-    logging.info("torch.compile: %s (backend=%s, dynamic=%s%s%s)", ", ".join(parts), backend, dynamic,
+        module = getattr(bare, part)
+        targets = module.compile_regions() if regions == "layers" and hasattr(module, "compile_regions") else None
+        if targets is None:
+            module.compile(dynamic=dyn, backend=backend, mode=mode, recompile_limit=recompile_limit)
+            continue
+        limit = (recompile_limit or dynamo_config.recompile_limit) * len(targets)
+        # dynamo's cap on all graphs of one code object, whatever the per-call limits (256 by default)
+        dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 2 * limit)
+        for target in targets:
+            target.compile(dynamic=dyn, backend=backend, mode=mode, recompile_limit=limit)
+        # the transducer reads it: an encoder with compiled parts gets its warm-up as a tensor (transducer.py)
+        module.compiled_regions = len(targets)
+    logging.info("torch.compile: %s (backend=%s, dynamic=%s%s%s%s)", ", ".join(parts), backend, dynamic,
                  "" if mode is None else f", mode={mode}",
-                 "" if recompile_limit is None else f", recompile_limit={recompile_limit}")
+                 "" if recompile_limit is None else f", recompile_limit={recompile_limit}",
+                 "" if regions == "model" else f", regions={regions}")
     return model
 
 

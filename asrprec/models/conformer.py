@@ -403,6 +403,11 @@ class ConformerEncoder(nn.Module):
             x = layer(x, pos_emb, pad_mask, warmup=warmup)
         return x, lens
 
+    def compile_regions(self) -> list[nn.Module]:
+        """The submodules ``compile_model(regions="layers")`` compiles one by one: the front-end and every layer
+        (all layers share one compiled code); the positional encoding between them runs eager."""
+        return [self.encoder_embed, *self.layers]
+
 
 def build_conformer_encoder(*, size: str = "tiny", num_features: int = 80, **overrides) -> ConformerEncoder:
     """Build a :class:`ConformerEncoder` from a named preset, with keyword overrides.

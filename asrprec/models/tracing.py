@@ -7,7 +7,7 @@ import random
 from typing import Union
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def is_exporting() -> bool:
@@ -43,3 +43,11 @@ def check_lengths_in_graph(lens: Tensor, min_len: int, max_len: int) -> None:
     eager code raises a ValueError after reading the lengths."""
     torch._assert_async((lens.min() >= min_len) & (lens.max() <= max_len),
                         f"every length must lie in [{min_len}, T] feature frames (T: the padded length)")
+
+
+def compiled_regions(module: nn.Module) -> int:
+    """How many compiled functions run inside ``module``'s forward: 1 for a module compiled whole, the number of
+    regions for one compiled by ``asrprec.models.compile.compile_model(regions="layers")``, 0 for an eager module."""
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        return 1
+    return int(getattr(module, "compiled_regions", 0))

@@ -20,6 +20,7 @@ from .decoder import Decoder
 from .joiner import Joiner
 from .masks import make_pad_mask
 from .schedule import warmup_fraction
+from .tracing import compiled_regions
 
 LOSSES = ("full", "pruned", "tdt")
 TDT_AUX = ("simple", "none")
@@ -192,7 +193,7 @@ class Transducer(nn.Module):
             raise ValueError(f"feature_lens must be ({features.size(0)},), got {tuple(feature_lens.shape)}")
         features = features.to(self._input_dtype())
         if getattr(self.encoder, "accepts_warmup", False):
-            if self.training and getattr(self.encoder, "_compiled_call_impl", None) is not None:
+            if self.training and compiled_regions(self.encoder):
                 # torch.compile compiles a float argument in as a constant: a new warm-up value every batch would
                 # compile the encoder again each batch; a 0-dim tensor is read at run time
                 warmup = torch.tensor(float(warmup), dtype=torch.float64)

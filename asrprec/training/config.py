@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from asrprec.config import option, strict_from_dict
-from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES
+from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES, COMPILE_REGIONS
 
 OPTIMIZERS = ("scaled_adam", "adamw")
 SCAN_OOM_MODES = ("auto", "on", "off")
@@ -78,6 +78,11 @@ class TrainConfig:
              "sampler makes; auto = torch's default, a static graph first and a dynamic one at the first new shape; "
              "false = a graph per shape")
     compile_joiner: bool = option(False, help="with --compile: also compile the joiner (the loss's logits)")
+    compile_regions: str = option(
+        "model", choices=COMPILE_REGIONS,
+        help="with --compile: model = the encoder as one compiled function (the fastest steps); layers = its "
+             "front-end and each layer on their own, layers of one shape sharing their code: a compile several "
+             "times shorter for deep models, at some of the step's speed-up (docs/compile.md)")
     compile_recompile_limit: int = option(
         24, help="with --compile: graphs each compiled function of the model may have before it runs eager. Early in "
                  "training the Zipformer specialises on schedules that settle, validation, one-utterance batches "
@@ -113,6 +118,8 @@ class TrainConfig:
             self.compile_dynamic = "true" if self.compile_dynamic else "auto"
         if self.compile_dynamic not in COMPILE_DYNAMIC:
             raise ValueError(f"compile_dynamic must be one of {COMPILE_DYNAMIC}, got {self.compile_dynamic!r}")
+        if self.compile_regions not in COMPILE_REGIONS:
+            raise ValueError(f"compile_regions must be one of {COMPILE_REGIONS}, got {self.compile_regions!r}")
         if self.scan_oom not in SCAN_OOM_MODES:
             raise ValueError(f"scan_oom must be one of {SCAN_OOM_MODES}, got {self.scan_oom!r}")
         if self.average_period < 0:

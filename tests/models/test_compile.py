@@ -4,14 +4,16 @@ Graph breaks are counted by ``torch._dynamo.explain`` (tracing only, no code gen
 inductor once, on the smallest model, against the eager run as the independent route.
 """
 
+import copy
 import math
+import random
 
 import pytest
 import torch
 import torch._dynamo
 
 from asrprec.models import ScheduledFloat, build_transducer, set_batch_count
-from asrprec.models.compile import compile_model, prepare_for_tracing
+from asrprec.models.compile import compile_model, compiled_regions, prepare_for_tracing
 from asrprec.precision import get_policy
 from asrprec.training import train
 
@@ -254,8 +256,46 @@ def test_recompile_limit_is_per_compiled_model():
         compile_model(model, recompile_limit=0)
 
 
+def test_layers_of_one_shape_share_their_compiled_code():
+    # regions="layers": the front-end and each layer are compiled on their own, and dynamo reuses a layer's graph
+    # for every layer of the same shape. Two stacks of two layers with different kernels: 2 layer graphs + the
+    # front-end's for 5 regions; the encoder's output and gradients are eager mode's (same random state).
+    torch.manual_seed(0)
+    overrides = dict(_OVERRIDES["zipformer"], num_encoder_layers=2)
+    eager = build_transducer(encoder="zipformer", size="tiny", vocab_size=16, encoder_overrides=overrides).train()
+    compiled = copy.deepcopy(eager)
+    graphs = []
+    torch._dynamo.reset()
+    compile_model(compiled, dynamic="true", backend=_counting_backend(graphs), regions="layers")
+    regions = compiled.encoder.compile_regions()
+    assert len(regions) == 5 and compiled_regions(compiled.encoder) == 5 and compiled_regions(eager.encoder) == 0
+    assert all(r._compiled_call_impl is not None for r in regions)
+    features = torch.randn(2, 60, 80)
+    for count, t in ((5000.0, 60), (5001.0, 52)):  # schedules move and T changes: no new graph
+        outs, grads = [], []
+        for model in (eager, compiled):
+            set_batch_count(model, count)
+            torch.manual_seed(1)
+            random.seed(1)
+            x = features[:, :t].clone().requires_grad_()
+            out, _ = model.encoder(x, torch.tensor([t, t - 7]))
+            out.square().sum().backward()
+            outs.append(out)
+            grads.append(x.grad)
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+    assert len(graphs) == 3, [len(g.graph.nodes) for g in graphs]
+    # the joiner has no regions: compiled whole
+    compile_model(compiled, parts=("joiner",), backend="eager", regions="layers")
+    assert compiled_regions(compiled.joiner) == 1
+
+
 def test_compile_options_are_checked():
     model = _model("conformer")
+    with pytest.raises(ValueError, match="regions must be one of"):
+        compile_model(model, regions="blocks")
+    with pytest.raises(ValueError, match="compile_regions must be one of"):
+        config("unused", compile=True, compile_regions="blocks")
     with pytest.raises(ValueError, match="cannot compile 'decoder'"):
         compile_model(model, parts=("decoder",))
     with pytest.raises(ValueError, match="dynamic must be one of"):
@@ -293,17 +333,22 @@ def _model_for_training(encoder: str):
 # its compile of even this small model takes ~10 minutes, so that run is in the slow tier. One static shape keeps
 # the default tier to one training graph and one validation graph per run (the dynamic-shape graph is checked by
 # the test above, at dynamo's level, and by the slow runs).
-# "scaled_adam": ScaledAdam, compiled too (--compile-optimizer) in the compiled runs.
-@pytest.mark.parametrize("encoder,backend,optimizer", [
-    ("zipformer", "aot_eager", "adamw"), ("conformer", "aot_eager", "adamw"),
-    ("conformer", "aot_eager", "scaled_adam"),
-    pytest.param("zipformer", "inductor", "adamw", marks=pytest.mark.slow),
-    pytest.param("conformer", "inductor", "scaled_adam", marks=pytest.mark.slow)])
-def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path, one_thread, encoder, backend, optimizer):
+# "scaled_adam": ScaledAdam, compiled too (--compile-optimizer) in the compiled runs. "layers": the encoder's front-end
+# and layers compiled one by one (--compile-regions layers); the Conformer's warm-up, which moves every batch, must
+# then reach its layers as a tensor or each batch would compile them again (epoch 2 would compile graphs).
+@pytest.mark.parametrize("encoder,backend,optimizer,regions", [
+    ("zipformer", "aot_eager", "adamw", "model"), ("conformer", "aot_eager", "adamw", "model"),
+    ("conformer", "aot_eager", "scaled_adam", "model"), ("conformer", "aot_eager", "adamw", "layers"),
+    pytest.param("zipformer", "aot_eager", "adamw", "layers", marks=pytest.mark.slow),
+    pytest.param("zipformer", "inductor", "adamw", "model", marks=pytest.mark.slow),
+    pytest.param("conformer", "inductor", "scaled_adam", "model", marks=pytest.mark.slow)])
+def test_compiled_training_equals_eager_and_resumes_exactly(tmp_path, one_thread, encoder, backend, optimizer,
+                                                           regions):
     policy = get_policy("fp32", "cpu")
     slow = backend == "inductor"  # (B, T) varying as under the bucketing sampler, one dynamic graph
     batches = _batches(((2, 40), (3, 52), (2, 46)) if slow else ((2, 46),) * 3)
-    opts = dict(compile_backend=backend, compile_dynamic="true" if slow else "false", optimizer=optimizer)
+    opts = dict(compile_backend=backend, compile_dynamic="true" if slow else "false", optimizer=optimizer,
+                compile_regions=regions)
     if optimizer == "scaled_adam":
         opts.update(compile_optimizer=True, base_lr=0.02)
     torch._dynamo.reset()  # the graph counts below start from nothing (another test may have compiled this encoder)

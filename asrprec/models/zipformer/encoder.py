@@ -236,6 +236,13 @@ class ZipformerEncoder(nn.Module):
         x, out_lens = self.encoder(x, x_lens, mask, chunk_size=chunk_size, left_context_frames=left_context_frames)
         return x.permute(1, 0, 2), out_lens
 
+    def compile_regions(self) -> List[nn.Module]:
+        """The submodules ``compile_model(regions="layers")`` compiles one by one: the front-end and every encoder
+        layer. Layers of the same shape (same stack width, heads and kernel) share their compiled code, so a model
+        compiles once per distinct layer instead of once as a whole; the code between them (downsampling, the
+        stacks' bypasses, the output assembly) runs eager."""
+        return [self.encoder_embed] + [m for m in self.encoder.modules() if isinstance(m, Zipformer2EncoderLayer)]
+
     # -- streaming: chunk by chunk, with caches (k2-fsa/icefall egs/librispeech/ASR/zipformer/zipformer.py
     # streaming_forward and streaming_decode.py give the layout of the work; the state layout here is ours) --
 
