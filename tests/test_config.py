@@ -25,6 +25,7 @@ def _other_value(f: dataclasses.Field):
     special = {"exp_dir": ("runs/x", "runs/x"), "resume": ("latest", "latest"), "optimizer": ("adamw", "adamw"),
                "init_from": ("a/epoch-3.pt", "a/epoch-3.pt"), "scan_oom": ("off", "off"),
                "compile_dynamic": ("auto", "auto"), "compile_regions": ("layers", "layers"),
+               "compile_schedules": ("tensor", "tensor"),
                "compile_backend": ("aot_eager", "aot_eager"), "compile_mode": ("max-autotune", "max-autotune"),
                "num_epochs": ("12", 12), "start_epoch": ("2", 2),
                "max_skipped_fraction": ("0.25", 0.25), "preempt_signals": ("SIGINT", ("SIGINT",))}

@@ -22,10 +22,11 @@ import torch
 from torch import nn
 
 from .builders import unwrap_model
+from .schedule import hold_schedules_in_graph
 from .tracing import compiled_regions
 
-__all__ = ["COMPILE_DYNAMIC", "COMPILE_MODES", "COMPILE_PARTS", "COMPILE_REGIONS", "compile_model",
-           "compiled_graph_count", "compiled_regions", "prepare_for_tracing", "recompile_limit_hits"]
+__all__ = ["COMPILE_DYNAMIC", "COMPILE_MODES", "COMPILE_PARTS", "COMPILE_REGIONS", "COMPILE_SCHEDULES",
+           "compile_model", "compiled_graph_count", "compiled_regions", "prepare_for_tracing", "recompile_limit_hits"]
 
 #: the parts :func:`compile_model` can compile
 COMPILE_PARTS = ("encoder", "joiner")
@@ -40,6 +41,11 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 #: ``compile_regions()``), and layers of the same shape share one compiled code, so the compile time grows with the
 #: number of distinct layers rather than with the depth (PyTorch's "regional compilation" recipe)
 COMPILE_REGIONS = ("model", "layers")
+#: ``schedules`` choices: ``constant`` = a training schedule past its last point is compiled in as a constant (a rate
+#: that settles at 0 drops its masks from the graph; each settling compiles the functions that read it again);
+#: ``tensor`` = schedules stay run-time tensors all through training (no recompile when one settles; the settled
+#: zero rates' masks are still drawn, so the torch random stream departs from eager mode's)
+COMPILE_SCHEDULES = ("constant", "tensor")
 
 
 def _dynamic_arg(dynamic: str) -> Optional[bool]:
@@ -50,7 +56,8 @@ def _dynamic_arg(dynamic: str) -> Optional[bool]:
 
 def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dynamic: str = "auto",
                   backend: str = "inductor", mode: Optional[str] = None, eager_random: bool = True,
-                  recompile_limit: Optional[int] = None, regions: str = "model") -> nn.Module:
+                  recompile_limit: Optional[int] = None, regions: str = "model",
+                  schedules: str = "constant") -> nn.Module:
     """Compile ``parts`` of ``model`` (a Transducer, bare or DDP-wrapped) in place and return ``model``.
 
     Args:
@@ -73,10 +80,12 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
             which dynamo counts together, so a part of N regions is given N times the limit.
         regions: one of :data:`COMPILE_REGIONS`. ``layers`` applies to a part whose module names its regions
             (``compile_regions()``: both encoders); other parts (the joiner) are compiled whole either way.
+        schedules: one of :data:`COMPILE_SCHEDULES`, for the parts' ``ScheduledFloat`` values in training
+            (:func:`asrprec.models.schedule.hold_schedules_in_graph`; the Conformer has none).
 
     Raises:
-        ValueError: an unknown part, ``dynamic``, ``backend``, ``mode``, ``regions`` or ``recompile_limit``, or a
-            model without that part.
+        ValueError: an unknown part, ``dynamic``, ``backend``, ``mode``, ``regions``, ``schedules`` or
+            ``recompile_limit``, or a model without that part.
     """
     dyn = _dynamic_arg(dynamic)
     if recompile_limit is not None and recompile_limit < 1:
@@ -87,6 +96,8 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
         raise ValueError(f"mode must be one of {COMPILE_MODES}, got {mode!r}")
     if regions not in COMPILE_REGIONS:
         raise ValueError(f"regions must be one of {COMPILE_REGIONS}, got {regions!r}")
+    if schedules not in COMPILE_SCHEDULES:
+        raise ValueError(f"schedules must be one of {COMPILE_SCHEDULES}, got {schedules!r}")
     import torch._dynamo
     import torch._dynamo.config as dynamo_config
 
@@ -106,6 +117,7 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
     prepare_for_tracing(bare)
     for part in parts:
         module = getattr(bare, part)
+        hold_schedules_in_graph(module, schedules == "tensor")
         targets = module.compile_regions() if regions == "layers" and hasattr(module, "compile_regions") else None
         if targets is None:
             module.compile(dynamic=dyn, backend=backend, mode=mode, recompile_limit=recompile_limit)
@@ -117,10 +129,11 @@ def compile_model(model: nn.Module, *, parts: Sequence[str] = ("encoder",), dyna
             target.compile(dynamic=dyn, backend=backend, mode=mode, recompile_limit=limit)
         # the transducer reads it: an encoder with compiled parts gets its warm-up as a tensor (transducer.py)
         module.compiled_regions = len(targets)
-    logging.info("torch.compile: %s (backend=%s, dynamic=%s%s%s%s)", ", ".join(parts), backend, dynamic,
+    logging.info("torch.compile: %s (backend=%s, dynamic=%s%s%s%s%s)", ", ".join(parts), backend, dynamic,
                  "" if mode is None else f", mode={mode}",
                  "" if recompile_limit is None else f", recompile_limit={recompile_limit}",
-                 "" if regions == "model" else f", regions={regions}")
+                 "" if regions == "model" else f", regions={regions}",
+                 "" if schedules == "constant" else f", schedules={schedules}")
     return model
 
 

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from .tracing import is_tracing
 
-__all__ = ["FloatLike", "ScheduledFloat", "is_zero", "schedule_value", "set_batch_count", "warmup_fraction"]
+__all__ = ["FloatLike", "ScheduledFloat", "hold_schedules_in_graph", "is_zero", "schedule_value", "set_batch_count",
+           "warmup_fraction"]
 
 
 def warmup_fraction(batch_count: float, warmup_batches: float) -> float:
@@ -49,6 +50,8 @@ class ScheduledFloat(nn.Module):
     (:meth:`as_tensor`), so a compiled graph reads it at run time instead of guarding on the batch count, and
     :attr:`settled` is the value once it can no longer change (eval mode, no batch count yet, or past the last
     point), else None: a graph specialises on it and is compiled again only when a schedule settles.
+    :func:`hold_schedules_in_graph` keeps a settled training schedule a run-time tensor as well
+    (:attr:`traced_constant` stays None until eval mode), so that settling compiles nothing.
     """
 
     def __init__(self, *points: Tuple[float, float], default: float = 0.0):
@@ -62,6 +65,8 @@ class ScheduledFloat(nn.Module):
         # a plain attribute, not a buffer: no state_dict key, and model.to(dtype) leaves it float64
         self._value = torch.tensor(self.default, dtype=torch.float64)
         self.settled: Optional[float] = self.default
+        self.hold_in_graph = False
+        self.traced_constant: Optional[float] = self.default
 
     @property
     def batch_count(self) -> Optional[float]:
@@ -83,6 +88,8 @@ class ScheduledFloat(nn.Module):
             self._value.fill_(value)
         moving = self.training and self._batch_count is not None and self._batch_count < self.points[-1][0]
         self.settled = None if moving else value
+        held = self.hold_in_graph and self.training and self._batch_count is not None
+        self.traced_constant = None if moving or held else value
 
     def as_tensor(self) -> Tensor:
         """The current value as a 0-dim float64 tensor, updated in place when the batch count or mode changes."""
@@ -113,12 +120,34 @@ FloatLike = Union[float, ScheduledFloat]
 
 def schedule_value(v: FloatLike) -> Union[float, Tensor]:
     """``float(v)``; while ``torch.compile`` traces, a schedule that is still moving is given as its 0-dim tensor
-    (:meth:`ScheduledFloat.as_tensor`) so that the graph is not specialised on the batch count. Callers use the
-    result with tensor operations, and test ``isinstance(r, float)`` before branching on it in Python."""
+    (:meth:`ScheduledFloat.as_tensor`) so that the graph is not specialised on the batch count; so is a settled one
+    that :func:`hold_schedules_in_graph` holds. Callers use the result with tensor operations, and test
+    ``isinstance(r, float)`` before branching on it in Python."""
     if isinstance(v, ScheduledFloat) and is_tracing():
         # never float(v) here: it reads the batch count, which a graph would then be specialised on
-        return v.as_tensor() if v.settled is None else v.settled
+        return v.as_tensor() if v.traced_constant is None else v.traced_constant
     return float(v)
+
+
+def hold_schedules_in_graph(module: nn.Module, hold: bool = True) -> int:
+    """Make every :class:`ScheduledFloat` in ``module`` reach a compiled graph as its run-time tensor in training
+    mode, moving or settled (``hold=False``: a settled one is compiled in as a constant again, the default).
+
+    A schedule compiled in as a constant costs one recompile of the function that reads it when it settles (the
+    Zipformer presets' schedules settle at five batch counts, and a short run's scaled schedules settle within its
+    first epochs). Held, none is needed, but a rate that settles at 0 still draws its masks in the graph (masks that
+    keep everything, so every output is unchanged) where eager mode draws nothing: from then on the compiled run's
+    torch random stream, and so its later dropout masks, differ from an eager run's. Returns the number of
+    schedules set. The position-score skip of the Zipformer's attention is not held by this: it decides the
+    graph's structure (``settled``, see asrprec/models/zipformer/attention.py).
+    """
+    n = 0
+    for m in module.modules():
+        if isinstance(m, ScheduledFloat):
+            m.hold_in_graph = hold
+            m._refresh()
+            n += 1
+    return n
 
 
 def is_zero(value: Union[float, Tensor]) -> bool:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from asrprec.config import option, strict_from_dict
-from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES, COMPILE_REGIONS
+from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES, COMPILE_REGIONS, COMPILE_SCHEDULES
 
 OPTIMIZERS = ("scaled_adam", "adamw")
 SCAN_OOM_MODES = ("auto", "on", "off")
@@ -83,6 +83,12 @@ class TrainConfig:
         help="with --compile: model = the encoder as one compiled function (the fastest steps); layers = its "
              "front-end and each layer on their own, layers of one shape sharing their code: a compile several "
              "times shorter for deep models, at some of the step's speed-up (docs/compile.md)")
+    compile_schedules: str = option(
+        "constant", choices=COMPILE_SCHEDULES,
+        help="with --compile: constant = a Zipformer schedule (dropout, skip rates, balancer limits) that has reached "
+             "its last point is compiled in as a constant, each settling compiling the model again once; tensor = "
+             "schedules stay run-time tensors, so settling compiles nothing, but rates that settled at 0 still draw "
+             "their (keep-all) masks and the random stream departs from an eager run's (docs/compile.md)")
     compile_recompile_limit: int = option(
         24, help="with --compile: graphs each compiled function of the model may have before it runs eager. Early in "
                  "training the Zipformer specialises on schedules that settle, validation, one-utterance batches "
@@ -120,6 +126,8 @@ class TrainConfig:
             raise ValueError(f"compile_dynamic must be one of {COMPILE_DYNAMIC}, got {self.compile_dynamic!r}")
         if self.compile_regions not in COMPILE_REGIONS:
             raise ValueError(f"compile_regions must be one of {COMPILE_REGIONS}, got {self.compile_regions!r}")
+        if self.compile_schedules not in COMPILE_SCHEDULES:
+            raise ValueError(f"compile_schedules must be one of {COMPILE_SCHEDULES}, got {self.compile_schedules!r}")
         if self.scan_oom not in SCAN_OOM_MODES:
             raise ValueError(f"scan_oom must be one of {SCAN_OOM_MODES}, got {self.scan_oom!r}")
         if self.average_period < 0:

@@ -484,7 +484,8 @@ def train(
     if cfg.compile:  # in place, before DDP: DDP wraps the model that holds the compiled encoder
         compile_model(model, parts=("encoder", "joiner") if cfg.compile_joiner else ("encoder",),
                       dynamic=cfg.compile_dynamic, backend=cfg.compile_backend, mode=cfg.compile_mode,
-                      recompile_limit=cfg.compile_recompile_limit, regions=cfg.compile_regions)
+                      recompile_limit=cfg.compile_recompile_limit, regions=cfg.compile_regions,
+                      schedules=cfg.compile_schedules)
     # DDP after the cast (it broadcasts and hooks the parameters as they are) and before the optimizer (the
     # bf16 master weights copy rank 0's broadcast values)
     model = wrap_model(model, policy.device)

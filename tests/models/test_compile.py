@@ -99,6 +99,57 @@ def test_moving_schedules_are_read_at_run_time_not_compiled_in():
     assert len(graphs) == 2
 
 
+def test_held_schedules_are_not_compiled_again_when_they_settle():
+    # compile_model(schedules="tensor"): a settled schedule stays a run-time tensor in training. A skip rate that
+    # settles at 0 keeps drawing its (keep-all) mask in the graph, so the outputs stay eager mode's while only the
+    # torch random stream after the call differs (docs/compile.md)
+    from asrprec.models.schedule import hold_schedules_in_graph
+    from asrprec.models.zipformer.layers import BypassModule
+
+    m = BypassModule(8, skip_rate=ScheduledFloat((0.0, 0.5), (4000.0, 0.0), default=0.0)).train()
+    assert hold_schedules_in_graph(m) == 2  # the skip rate and the scale floor (settles at 20000)
+    graphs = []
+    torch._dynamo.reset()
+    compiled = torch.compile(m, backend=_counting_backend(graphs), dynamic=False)
+    a, b = torch.randn(5, 16, 8), torch.randn(5, 16, 8)
+    for count in (100.0, 3999.0, 5000.0, 9000.0):
+        set_batch_count(m, count)
+        outs, after = {}, {}
+        for name, fn in (("eager", m), ("compiled", compiled)):
+            torch.manual_seed(1)
+            outs[name] = fn(a, b)
+            after[name] = torch.rand(4)
+        torch.testing.assert_close(outs["compiled"], outs["eager"], rtol=0, atol=0)
+        assert torch.equal(after["compiled"], after["eager"]) == (count < 4000.0)
+    assert len(graphs) == 1
+    # eval mode reads the defaults as constants whether held or not; released, a settled schedule is a constant
+    hold_schedules_in_graph(m, False)
+    assert m.skip_rate.traced_constant == 0.0
+    compiled(a, b)
+    assert len(graphs) == 2
+
+
+def test_held_zipformer_schedules_compile_one_training_graph_across_settling():
+    # batch 5000: every schedule still moves; 60000: all have settled (the presets' last points are 4000-50000)
+    from asrprec.models.schedule import hold_schedules_in_graph
+
+    counts = {}
+    for hold in (True, False):
+        model = _model("zipformer").train()
+        prepare_for_tracing(model)
+        hold_schedules_in_graph(model.encoder, hold)
+        graphs = []
+        torch._dynamo.reset()
+        encoder = torch.compile(model.encoder, backend=_counting_backend(graphs), dynamic=False)
+        features, lens = torch.randn(2, 60, 80), torch.tensor([60, 45])
+        for count in (5000.0, 60000.0):
+            set_batch_count(model, count)
+            out, _ = encoder(features, lens)
+            out.sum().backward()
+        counts[hold] = len(graphs)
+    assert counts == {True: 1, False: 2}
+
+
 def test_zipformer_training_graph_is_not_recompiled_as_schedules_move():
     # every ScheduledFloat moves between these counts (dropout, skipping, balancer limits, whitening limits)
     model = _model("zipformer").train()
@@ -296,6 +347,10 @@ def test_compile_options_are_checked():
         compile_model(model, regions="blocks")
     with pytest.raises(ValueError, match="compile_regions must be one of"):
         config("unused", compile=True, compile_regions="blocks")
+    with pytest.raises(ValueError, match="schedules must be one of"):
+        compile_model(model, schedules="frozen")
+    with pytest.raises(ValueError, match="compile_schedules must be one of"):
+        config("unused", compile=True, compile_schedules="frozen")
     with pytest.raises(ValueError, match="cannot compile 'decoder'"):
         compile_model(model, parts=("decoder",))
     with pytest.raises(ValueError, match="dynamic must be one of"):
@@ -324,6 +379,18 @@ def _model_for_training(encoder: str):
         if hasattr(m, "pos_emb_skip_rate"):
             m.pos_emb_skip_rate = ScheduledFloat((0.0, 0.0))  # settled at 0 from the first batch
     return model
+
+
+def test_train_holds_the_schedules_it_is_asked_to(tmp_path):
+    # --compile-schedules tensor reaches the compiled encoder's schedules; the default leaves them to settle
+    for schedules in ("tensor", "constant"):
+        model = _model_for_training("zipformer")
+        torch._dynamo.reset()
+        train(model=model, policy=get_policy("fp32", "cpu"), tokenizer=Tok(), train_dl=_batches(((2, 46),)),
+              valid_dl=[], cfg=config(tmp_path / schedules, num_epochs=1, compile=True, compile_backend="eager",
+                                      compile_dynamic="false", compile_schedules=schedules))
+        held = {m.hold_in_graph for m in model.encoder.modules() if isinstance(m, ScheduledFloat)}
+        assert held == {schedules == "tensor"}
 
 
 # aot_eager traces forward and backward exactly as inductor does (dynamo, AOTAutograd, the partitioner) and runs the
