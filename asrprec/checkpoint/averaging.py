@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from asrprec.models.builders import unwrap_model
+from asrprec.models.unwrap import unwrap_model
 
 from .files import find_epoch_checkpoints
 from .io import CheckpointMismatchError, load_model_weights, read_checkpoint

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from asrprec.atomic import atomic_write
-from asrprec.models.builders import unwrap_model
+from asrprec.models.unwrap import unwrap_model
 from asrprec.rng import get_rng_state, set_rng_state
 
 from .files import BATCH_PATTERN, EPOCH_PATTERN, list_checkpoints, present_checkpoints

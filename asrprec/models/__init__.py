@@ -2,7 +2,6 @@
 
 from .builders import (
     ENCODERS, build_encoder, build_transducer, configure_streaming, count_parameters, resolved_encoder_overrides,
-    unwrap_model,
 )
 from .ctc import CtcConfig
 from .decoder import Decoder
@@ -11,6 +10,7 @@ from .masks import make_pad_mask
 from .options import ModelOptions, build_model
 from .schedule import ScheduledFloat, set_batch_count, warmup_fraction
 from .transducer import LossConfig, Transducer, pruned_loss_scales
+from .unwrap import unwrap_model
 
 __all__ = [
     "ENCODERS", "CtcConfig", "Decoder", "Joiner", "LossConfig", "ModelOptions", "ScheduledFloat", "Transducer",

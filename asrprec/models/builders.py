@@ -131,14 +131,3 @@ def configure_streaming(model: nn.Module, chunk_size: int | None, left_context_f
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The bare model under DDP / DataParallel (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
-    while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        else:
-            return model

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from .builders import unwrap_model
+from .unwrap import unwrap_model
 from .schedule import hold_schedules_in_graph
 from .tracing import compiled_regions
 
