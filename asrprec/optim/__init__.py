@@ -2,7 +2,8 @@
 :func:`get_parameter_groups_with_lrs` (per-module ``lr_scale``), and the bf16 weight-update rules
 (:mod:`asrprec.optim.bf16_update`)."""
 
-from .bf16_update import AdamWBf16, Bf16Update, stochastic_round, with_bf16_update
+from .bf16_attach import with_bf16_update
+from .bf16_update import AdamWBf16, Bf16Update, stochastic_round
 from .eden import Eden, eden_factor
 from .scaled_adam import ScaledAdam, get_parameter_groups_with_lrs
 

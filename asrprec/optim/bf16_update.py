@@ -294,35 +294,6 @@ class AdamWBf16(Optimizer):
         load_state_keeping_dtypes(self, state_dict)
 
 
-def with_bf16_update(optimizer: Optimizer, update: Bf16Update) -> Optimizer:
-    """The optimizer ``optimizer`` describes, writing bf16 weights by ``update``: a :class:`ScaledAdam` takes the
-    rule; a ``torch.optim.AdamW`` becomes an :class:`AdamWBf16` with the same groups and hyper-parameters.
-
-    Raises ValueError for other optimizers (their updates would be written by torch, in bf16) and for an
-    optimizer that has already stepped."""
-    from .scaled_adam import ScaledAdam
-
-    if any(optimizer.state.values()):
-        raise ValueError("attach the bf16 update rule before the first step (the optimizer already has state)")
-    if isinstance(optimizer, ScaledAdam):
-        optimizer.weight_update = update
-        return optimizer
-    if type(optimizer) is torch.optim.AdamW:
-        groups = []
-        for g in optimizer.param_groups:
-            if g.get("amsgrad") or g.get("maximize"):
-                raise ValueError("AdamW with amsgrad or maximize has no bf16 update rule; use --bf16-update master")
-            groups.append({k: v for k, v in g.items() if k in ("params", "lr", "betas", "eps", "weight_decay")
-                           or k not in optimizer.defaults})
-        d = optimizer.defaults
-        lr = d["lr"].item() if isinstance(d["lr"], Tensor) else d["lr"]
-        return AdamWBf16(groups, lr=lr, betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
-                         update=update)
-    raise ValueError(f"--bf16-update {update.rule} supports ScaledAdam and torch.optim.AdamW, not "
-                     f"{type(optimizer).__name__}. Fix: use one of those, or --bf16-update master (fp32 master "
-                     "weights work with any optimizer)")
-
-
 def bytes_per_parameter(update: str, moments: str = "fp32") -> int:
     """Bytes per parameter of bf16 weight + gradient + optimizer state for an Adam-family optimizer with two
     moment buffers (AdamW, ScaledAdam), per the table in the module docstring."""

@@ -35,7 +35,8 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 import torch
 
 from asrprec.optim.bf16_update import UPDATES as BF16_UPDATES
-from asrprec.optim.bf16_update import Bf16Update, with_bf16_update
+from asrprec.optim.bf16_attach import with_bf16_update
+from asrprec.optim.bf16_update import Bf16Update
 
 from . import capabilities
 from .islands import is_kept_fp32
