@@ -11,7 +11,7 @@ from .distributed import (
     setup_distributed,
     teardown_distributed,
 )
-from asrprec.optim.factories import optimizer_from_config, scheduler_from_config
+from .optimizers import optimizer_from_config, scheduler_from_config
 from asrprec.rng import seed_everything
 
 from asrprec.experiment import ExperimentError, prepare_experiment, read_model_config

@@ -17,7 +17,7 @@ class TrainConfig:
     """Everything the training loop needs besides the model, data and policy; each field is a flag of
     :func:`asrprec.training.cli.add_training_args`.
 
-    The learning-rate schedule is Eden (:mod:`asrprec.optim.factories`) for both optimizers.
+    The learning-rate schedule is Eden (:mod:`asrprec.training.optimizers`) for both optimizers.
     """
 
     exp_dir: str = option(help="the experiment folder: checkpoints, train.log, tensorboard/, config.json, "

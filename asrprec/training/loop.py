@@ -4,7 +4,7 @@ a scaler (a no-op unless ``amp-fp16``) and an optimizer wrapper (fp32 master wei
 Plain functions: :func:`train` (experiment folder, resume, epochs, checkpoints), :func:`train_one_epoch`,
 :func:`train_step`, :func:`validate`. Around them: :mod:`~asrprec.training.resume` (the train state a checkpoint
 records, and exact resume), :mod:`~asrprec.training.skips` (skipped batches and their budget),
-:mod:`~asrprec.training.reporting` (log lines, tensorboard), :mod:`asrprec.optim.factories` (optimizer, schedule),
+:mod:`~asrprec.training.reporting` (log lines, tensorboard), :mod:`asrprec.training.optimizers` (optimizer, schedule),
 :mod:`~asrprec.training.preemption` (stopping on a signal where the run can continue exactly).
 
 Under torchrun (after :func:`~asrprec.training.distributed.setup_distributed`) the same loop trains data-parallel:
@@ -33,11 +33,11 @@ from torch import nn
 from asrprec import checkpoint as ckpt
 from asrprec.models import unwrap_model
 from asrprec.models.compile import compile_model, compiled_graph_count, recompile_limit_hits
-from asrprec.optim.factories import optimizer_from_config, scheduler_from_config
 from asrprec.precision import PrecisionPolicy
 from asrprec.rng import preserved_rng, seed_everything, set_rng_state
 
 from .config import TrainConfig
+from .optimizers import optimizer_from_config, scheduler_from_config
 from .distributed import (
     RankFailedError,
     all_reduce_sum,

@@ -1,4 +1,5 @@
-"""The optimizer and the learning-rate schedule a :class:`~asrprec.training.TrainConfig` names.
+"""The optimizer and the learning-rate schedule a :class:`~asrprec.training.TrainConfig` names (training's
+choice among :mod:`asrprec.optim`, which knows nothing of training).
 
 The schedule is Eden (k2-fsa/icefall ``egs/librispeech/ASR/zipformer/optim.py``) for both optimizers:
 ``lr = base_lr · ((b²+lr_batches²)/lr_batches²)^-¼ · ((e²+lr_epochs²)/lr_epochs²)^-¼ · warm-up``, with ``b``
@@ -12,12 +13,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .eden import Eden
-from .scaled_adam import ScaledAdam
+from asrprec.optim import Eden, ScaledAdam
 
-if TYPE_CHECKING:  # annotations only: precision may build its optimizers from this package
+from .config import TrainConfig
+
+if TYPE_CHECKING:
     from asrprec.precision import PrecisionPolicy
-    from asrprec.training.config import TrainConfig
 
 __all__ = ["optimizer_from_config", "scheduler_from_config"]
 
