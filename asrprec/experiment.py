@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from asrprec import checkpoint as ckpt
 from asrprec.atomic import atomic_write_text
+from asrprec.errors import AsrprecError
 
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class RunSpec(Protocol):
     num_epochs: int
 
 
-class ExperimentError(ValueError):
+class ExperimentError(AsrprecError, ValueError):
     """The experiment folder cannot be used as asked; the message names the file and the fix."""
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from asrprec.atomic import atomic_write
+from asrprec.errors import AsrprecError
 from asrprec.models.unwrap import unwrap_model
 from asrprec.rng import get_rng_state, set_rng_state
 
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(AsrprecError, ValueError):
     """A checkpoint cannot be used; the message names the file and the fix."""
 
 

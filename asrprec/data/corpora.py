@@ -33,13 +33,14 @@ from typing import Any, Callable, Sequence
 
 from asrprec._optional import require
 from asrprec.atomic import TEMPORARY_GLOB, publish
+from asrprec.errors import AsrprecError
 
 from .stages import DONE_SUFFIX, folder_fingerprint, outdated, record_done
 
 log = logging.getLogger(__name__)
 
 
-class CorpusError(ValueError):
+class CorpusError(AsrprecError, ValueError):
     """The corpus on disk (or its download) cannot be prepared as asked; the message names the folder and the
     fix (a recipe's ``run_main`` prints it as one line)."""
 

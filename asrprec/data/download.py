@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from asrprec.atomic import publish
+from asrprec.errors import AsrprecError
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,11 @@ RETRY_WAIT_S = 10.0
 _BLOCK = 1 << 20
 
 
-class DownloadError(OSError):
+class DownloadError(AsrprecError, OSError):
     """The transfer failed (network, server); what was received is kept in the ``.part`` file, which a rerun resumes."""
 
 
-class ArchiveError(ValueError):
+class ArchiveError(AsrprecError, ValueError):
     """A complete download or an archive on disk is not what the publisher published, or cannot be unpacked."""
 
 

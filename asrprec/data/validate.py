@@ -21,6 +21,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from asrprec.config import option
+from asrprec.errors import AsrprecError
 
 from .frames import cut_num_frames
 
@@ -49,7 +50,7 @@ FIXES = {
 }
 
 
-class DataCheckError(ValueError):
+class DataCheckError(AsrprecError, ValueError):
     """No cut of a split passed the data checks."""
 
 

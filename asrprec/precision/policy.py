@@ -34,8 +34,9 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import torch
 
-from asrprec.optim.bf16_update import UPDATES as BF16_UPDATES
+from asrprec.errors import AsrprecError
 from asrprec.optim.bf16_attach import with_bf16_update
+from asrprec.optim.bf16_update import UPDATES as BF16_UPDATES
 from asrprec.optim.bf16_update import Bf16Update
 
 from . import capabilities
@@ -46,7 +47,7 @@ from .scaler import LossScaler, NoOpScaler
 POLICIES = ("fp32", "amp-fp16", "amp-bf16", "bf16")
 
 
-class UnsupportedPrecisionError(RuntimeError):
+class UnsupportedPrecisionError(AsrprecError, RuntimeError):
     """The requested precision policy cannot run on this device."""
 
 

@@ -22,10 +22,12 @@ from typing import Callable
 
 import torch
 
+from asrprec.errors import AsrprecError
+
 log = logging.getLogger(__name__)
 
 
-class GradScaleCollapse(RuntimeError):
+class GradScaleCollapse(AsrprecError, RuntimeError):
     """fp16 training diverged: the grad scale fell below the abort floor."""
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from asrprec.errors import AsrprecError
 from asrprec.models import set_batch_count, unwrap_model
 from asrprec.precision import PrecisionPolicy
 from asrprec.rng import get_rng_state, set_rng_state
@@ -37,7 +38,7 @@ _OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory")
 SCAN_BATCH_COUNT = 10**9
 
 
-class BatchOutOfMemory(RuntimeError):
+class BatchOutOfMemory(AsrprecError, RuntimeError):
     """A batch did not fit in memory; the message names the batch, the precision and what to change."""
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from asrprec import checkpoint as ckpt
+from asrprec.errors import ResumableStop
 
 from .distributed import barrier, flags_by_rank, get_rank, is_main_process
 from asrprec.experiment import append_history
@@ -65,7 +66,7 @@ def parse_signals(names: Iterable[str]) -> tuple[signal.Signals, ...]:
     return tuple(dict.fromkeys(out))
 
 
-class TrainingPreempted(RuntimeError):
+class TrainingPreempted(ResumableStop, RuntimeError):
     """Training stopped on a preemption signal after ``checkpoint`` was written; the process should exit with
     :data:`PREEMPTED_EXIT_CODE` and be started again with ``--resume auto``."""
 

@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator
 
 from asrprec import checkpoint as ckpt
 from asrprec.models import unwrap_model
+from asrprec.errors import AsrprecError
 from asrprec.rng import get_rng_state
 
 from .config import TrainConfig
@@ -43,7 +44,7 @@ from asrprec.experiment import read_history
 log = logging.getLogger(__name__)
 
 
-class ResumeMismatchError(RuntimeError):
+class ResumeMismatchError(AsrprecError, RuntimeError):
     """The data a run resumes with do not reproduce the position its checkpoint recorded."""
 
 

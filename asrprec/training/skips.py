@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from asrprec import checkpoint as ckpt
+from asrprec.errors import AsrprecError
 
 from .distributed import barrier, gather_objects, is_main_process, summed_counts
 from asrprec.experiment import append_history
@@ -31,7 +32,7 @@ _MIN_SKIPS_FOR_SHARE = 3
 MAX_LOADER_FAILURES_IN_A_ROW = 10
 
 
-class TooManySkippedBatches(RuntimeError):
+class TooManySkippedBatches(AsrprecError, RuntimeError):
     """Too many batches of an epoch were skipped (bad data or a diverged model); a checkpoint was saved."""
 
 
