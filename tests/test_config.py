@@ -163,7 +163,7 @@ def test_every_model_option_is_a_flag_with_its_default_and_reaches_its_field():
 def test_decode_and_precision_flags_come_from_their_dataclasses():
     from asrprec.precision import PrecisionOptions
     from asrprec.decoding.experiment import DecodeConfig, add_decoding_args, decode_config_from_args
-    from asrprec.training.cli import add_precision_args, precision_options_from_args
+    from asrprec.cli import add_precision_args, precision_options_from_args
 
     p = argparse.ArgumentParser()
     add_decoding_args(p, beam_size=8)

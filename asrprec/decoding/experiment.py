@@ -137,7 +137,7 @@ def load_for_decoding(exp_dir: Path | str, cfg: DecodeConfig, precision: Any) ->
     from asrprec.checkpoint import load_decoding_weights
     from asrprec.decoding.api import check_method
     from asrprec.models import configure_streaming
-    from asrprec.training.cli import resolve_device
+    from asrprec.devices import resolve_device
     from asrprec.experiment import ExperimentError, build_experiment_model
 
     exp_dir = Path(exp_dir)
@@ -229,7 +229,7 @@ def decode_from_args(args: Any, *, tokenizer_path: str | Path | Callable[[], str
     """
     from asrprec.data import AsrDataModule, DataConfig
     from asrprec.tokenizer import Tokenizer
-    from asrprec.training.cli import precision_options_from_args, setup_logging
+    from asrprec.cli import precision_options_from_args, setup_logging
 
     setup_logging()
     cfg = decode_config_from_args(args)

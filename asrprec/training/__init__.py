@@ -1,16 +1,10 @@
 """The training loop (plain functions), its typed config, experiment folders, and distributed training through
 torchrun."""
 
+from asrprec.devices import get_rank, get_world_size, is_main_process
+
 from .config import TrainConfig
-from .distributed import (
-    DistributedEnv,
-    RankFailedError,
-    get_rank,
-    get_world_size,
-    is_main_process,
-    setup_distributed,
-    teardown_distributed,
-)
+from .distributed import DistributedEnv, RankFailedError, setup_distributed, teardown_distributed
 from .optimizers import optimizer_from_config, scheduler_from_config
 from asrprec.rng import seed_everything
 

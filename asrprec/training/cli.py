@@ -1,4 +1,5 @@
-"""Command-line flags shared by every recipe, so recipes stay a page long (no copied argparse).
+"""Training's command-line flags (model, data, data checks, :class:`TrainConfig`), so a recipe's ``train.py`` stays
+a page long (no copied argparse); the flags and scaffolding every program shares are in :mod:`asrprec.cli`.
 
 Recipes add their dataset flags and defaults; these functions add the rest and turn the parsed
 namespace into typed configs.
@@ -7,34 +8,19 @@ namespace into typed configs.
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from asrprec.cli import (  # noqa: F401  (re-exported: every program's scaffolding, at home in asrprec.cli)
+    add_precision_args, policy_from_args, precision_options_from_args, run_main, setup_logging,
+)
 from asrprec.config import add_dataclass_args, dataclass_from_args
+from asrprec.devices import get_rank, is_main_process, resolve_device  # noqa: F401  (resolve_device re-exported)
 
 from .config import TrainConfig
 
 #: the DataConfig fields that are flags (the other fields are a recipe's decisions)
 DATA_FLAGS = ("max_duration", "num_buckets", "num_workers", "on_the_fly_feats", "spec_augment")
-
-def add_precision_args(p: argparse.ArgumentParser, default: str = "fp32") -> None:
-    """One flag per :class:`asrprec.precision.PrecisionOptions` field; ``default`` is the recipe's ``--precision``."""
-    from asrprec.precision import PrecisionOptions
-
-    add_dataclass_args(p, PrecisionOptions, defaults={"precision": default})
-
-
-def precision_options_from_args(args: argparse.Namespace):
-    """The :class:`asrprec.precision.PrecisionOptions` of the :func:`add_precision_args` flags."""
-    from asrprec.precision import PrecisionOptions
-
-    return dataclass_from_args(PrecisionOptions, args)
-
-
-def policy_from_args(args: argparse.Namespace):
-    """The precision policy the flags of :func:`add_precision_args` name, on this process's device."""
-    return precision_options_from_args(args).policy(resolve_device(args.device))
 
 
 def add_model_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
@@ -112,35 +98,6 @@ def add_data_check_args(p: argparse.ArgumentParser) -> None:
     add_dataclass_args(p, CheckOptions)
 
 
-def run_main(main: Callable[[], Any], prog: str, also: tuple[type[BaseException], ...] = ()) -> None:
-    """Run a recipe's ``main``; an error a user can fix (a bad folder, checkpoint, argument or data, and the
-    exception types in ``also``) ends the program with its message (and in the log) instead of a traceback. A
-    preempted run
-    (:class:`~asrprec.training.preemption.TrainingPreempted`) exits with
-    :data:`~asrprec.training.preemption.PREEMPTED_EXIT_CODE` (75)."""
-    import sys
-
-    from asrprec.checkpoint import CheckpointError
-    from asrprec.data.corpora import CorpusError
-    from asrprec.data.validate import DataCheckError
-    from asrprec.experiment import ExperimentError
-
-    from .preemption import TrainingPreempted
-    from .resume import ResumeMismatchError
-    from .skips import TooManySkippedBatches
-
-    try:
-        main()
-    except TrainingPreempted as e:
-        logging.getLogger("asrprec").warning("%s", e)
-        print(f"{prog}: {e}", file=sys.stderr)
-        raise SystemExit(e.exit_code) from None
-    except (ExperimentError, CheckpointError, FileNotFoundError, TooManySkippedBatches, ResumeMismatchError,
-            DataCheckError, CorpusError, *also) as e:
-        logging.getLogger("asrprec").error("%s", e)
-        raise SystemExit(f"{prog}: error: {e}") from None
-
-
 def begin_training(args: argparse.Namespace) -> TrainConfig:
     """The first steps of a recipe's ``train.py``: join torchrun's process group (nothing under a plain ``python``),
     the typed config, the experiment folder and its log (rank 0), ``--threads``, and the seed (before the model is
@@ -149,7 +106,7 @@ def begin_training(args: argparse.Namespace) -> TrainConfig:
 
     from asrprec.rng import seed_everything
 
-    from .distributed import get_rank, setup_distributed
+    from .distributed import setup_distributed
 
     setup_distributed(args.device)
     cfg = train_config_from_args(args)
@@ -165,8 +122,6 @@ def announce(args: argparse.Namespace, model, policy) -> None:
     """Print the model and the precision (rank 0)."""
     from asrprec.models import count_parameters
 
-    from .distributed import is_main_process
-
     if is_main_process():
         print(f"model: {args.encoder}/{args.size}, {count_parameters(model):,} parameters; "
               f"precision: {policy.describe()}")
@@ -178,30 +133,3 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         return dataclass_from_args(TrainConfig, args)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-
-
-def resolve_device(name: str | None) -> str:
-    """``name``, or cuda if available else cpu; under torchrun ``cuda`` is this process's ``cuda:LOCAL_RANK``."""
-    from .distributed import rank_device
-
-    return str(rank_device(name))
-
-
-def setup_logging(log_file: str | None = None, rank: int | None = None) -> None:
-    """Rank 0 (default: this process's rank) logs to stderr and ``log_file``; other ranks log warnings to
-    stderr only, tagged with their rank (only rank 0 writes files)."""
-    import os
-
-    from .distributed import get_rank, get_world_size
-
-    if rank is None:  # torchrun's RANK also before the process group exists
-        rank = get_rank() if get_world_size() > 1 else int(os.environ.get("RANK", "0"))
-    handlers: list[logging.Handler] = [logging.StreamHandler()]
-    if log_file and rank == 0:
-        handlers.append(logging.FileHandler(log_file))
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        format="%(asctime)s %(levelname)s [%(name)s] " + (f"[rank {rank}] " if rank else "") + "%(message)s",
-        handlers=handlers,
-        force=True,
-    )

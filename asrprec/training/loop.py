@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from asrprec import checkpoint as ckpt
+from asrprec.devices import get_rank, get_world_size, is_main_process
 from asrprec.models import unwrap_model
 from asrprec.models.compile import compile_model, compiled_graph_count, recompile_limit_hits
 from asrprec.precision import PrecisionPolicy
@@ -44,9 +45,6 @@ from .distributed import (
     barrier,
     check_sharded,
     flags_by_rank,
-    get_rank,
-    get_world_size,
-    is_main_process,
     raise_failure,
     wrap_model,
 )

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from asrprec import checkpoint as ckpt
+from asrprec.devices import get_rank, is_main_process
 from asrprec.errors import ResumableStop
 
-from .distributed import barrier, flags_by_rank, get_rank, is_main_process
+from .distributed import barrier, flags_by_rank
 from asrprec.experiment import append_history
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ from typing import Any, Callable, Mapping
 from asrprec.config import dataclass_from_args
 from asrprec.experiment import prepare_experiment
 
-from .cli import (
-    announce, begin_training, build_model_from_args, data_config_from_args, model_options_from_args, policy_from_args,
-)
-from .distributed import get_rank
+from asrprec.cli import policy_from_args
+from asrprec.devices import get_rank
+
+from .cli import announce, begin_training, build_model_from_args, data_config_from_args, model_options_from_args
 from .loop import train
 
 __all__ = ["train_from_args"]

@@ -34,11 +34,12 @@ from typing import Any, Iterable, Iterator
 
 from asrprec import checkpoint as ckpt
 from asrprec.models import unwrap_model
+from asrprec.devices import get_rank, get_world_size
 from asrprec.errors import AsrprecError
 from asrprec.rng import get_rng_state
 
 from .config import TrainConfig
-from .distributed import gather_objects, get_rank, get_world_size, sum_over_ranks, summed_counts
+from .distributed import gather_objects, sum_over_ranks, summed_counts
 from asrprec.experiment import read_history
 
 log = logging.getLogger(__name__)

@@ -7,10 +7,10 @@ from typing import Any
 
 from torch import nn
 
+from asrprec.devices import get_world_size
 from asrprec.models import set_batch_count
 
 from .config import TrainConfig
-from .distributed import get_world_size
 from .oom import sampler_max_duration
 
 __all__ = ["schedule_batches_per_step", "set_schedule_counts"]

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from asrprec import checkpoint as ckpt
+from asrprec.devices import is_main_process
 from asrprec.errors import AsrprecError
 
-from .distributed import barrier, gather_objects, is_main_process, summed_counts
+from .distributed import barrier, gather_objects, summed_counts
 from asrprec.experiment import append_history
 from .resume import EpochProgress
 

@@ -28,7 +28,7 @@ import torch
 
 from asrprec.data import load_fbank_cuts
 from asrprec.decoding.experiment import add_decoding_args, decode_from_args
-from asrprec.training.cli import add_precision_args, run_main
+from asrprec.cli import add_precision_args, run_main
 
 HERE = Path(__file__).resolve().parent
 

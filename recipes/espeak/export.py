@@ -26,7 +26,7 @@ from pathlib import Path
 from asrprec.config import add_dataclass_args, dataclass_from_args
 from asrprec.export.cli import ExportConfig, export_experiment
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import run_main, setup_logging
+from asrprec.cli import run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 

@@ -29,7 +29,7 @@ from asrprec.export import OnnxCtcOfflineModel, OnnxCtcStreamingModel, load_onnx
 from asrprec.export.sherpa import recognize
 from asrprec.metrics import RtfxMeter, read_recogs, write_error_stats, write_recogs
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import setup_logging
+from asrprec.cli import setup_logging
 
 HERE = Path(__file__).resolve().parent
 

@@ -44,7 +44,7 @@ def get_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = get_parser().parse_args()
-    from asrprec.training.cli import setup_logging  # here: the corpus generator's spawn workers skip torch
+    from asrprec.cli import setup_logging  # here: the corpus generator's spawn workers skip torch
 
     setup_logging()
     start = time.perf_counter()

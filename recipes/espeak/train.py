@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from asrprec.cli import add_precision_args, run_main
 from asrprec.data import load_fbank_cuts
 from asrprec.training import train_from_args
-from asrprec.training.cli import (
-    add_data_args, add_data_check_args, add_model_args, add_precision_args, add_training_args, run_main,
-)
+from asrprec.training.cli import add_data_args, add_data_check_args, add_model_args, add_training_args
 
 HERE = Path(__file__).resolve().parent
 

@@ -25,7 +25,7 @@ import torch
 from asrprec.data import load_cuts
 from asrprec.data.corpora import LIBRISPEECH_DEV_PARTS, LIBRISPEECH_TEST_PARTS, PreparedData
 from asrprec.decoding.experiment import add_decoding_args, decode_from_args
-from asrprec.training.cli import add_precision_args, run_main
+from asrprec.cli import add_precision_args, run_main
 
 HERE = Path(__file__).resolve().parent
 

@@ -27,7 +27,7 @@ from asrprec.config import add_dataclass_args, dataclass_from_args
 from asrprec.data.corpora import PreparedData
 from asrprec.export.cli import ExportConfig, export_experiment
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import run_main, setup_logging
+from asrprec.cli import run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 

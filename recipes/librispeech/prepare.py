@@ -39,7 +39,7 @@ from asrprec.data.corpora import (
 from asrprec.data.stages import content_digest, make_unless_done
 from asrprec.data.download import OPENSLR_URL
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import run_main, setup_logging
+from asrprec.cli import run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 NUM_STAGES = 6

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from asrprec.cli import add_precision_args, run_main
 from asrprec.data import NoiseMixConfig, SpecAugmentConfig, load_cuts
 from asrprec.data.corpora import LIBRISPEECH_TRAIN_PARTS, PreparedData
 from asrprec.training import train_from_args
-from asrprec.training.cli import (
-    add_data_args, add_data_check_args, add_model_args, add_precision_args, add_training_args, run_main,
-)
+from asrprec.training.cli import add_data_args, add_data_check_args, add_model_args, add_training_args
 
 HERE = Path(__file__).resolve().parent
 PREPARE_HINT = "run python recipes/librispeech/prepare.py with the same --subset and --data-dir"

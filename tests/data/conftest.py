@@ -10,6 +10,7 @@ import sys
 import tarfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -107,22 +108,31 @@ PREPARE = Path(__file__).resolve().parents[2] / "recipes" / "librispeech" / "pre
 
 
 @pytest.fixture
-def prepare(monkeypatch):
-    """Run prepare.py's ``__main__`` here; return the SystemExit it ended with (None when it finished)."""
+def prepare(monkeypatch, capsys):
+    """Run prepare.py's ``__main__`` here; return how it ended (None when it finished): the exit ``code`` and the
+    ``error`` line run_main wrote to stderr."""
     root = logging.getLogger()
     saved = root.handlers[:], root.level
 
     def run(*args):
         monkeypatch.setattr(sys, "argv", [str(PREPARE), *map(str, args)])
+        capsys.readouterr()
         try:
             runpy.run_path(str(PREPARE), run_name="__main__")
         except SystemExit as e:
-            return e
+            err, mark = capsys.readouterr().err, "prepare.py: error: "
+            return Ended(e.code, err[err.rfind(mark):].strip() if mark in err else str(e.code))
         return None
 
     yield run
     root.handlers[:] = saved[0]
     root.setLevel(saved[1])
+
+
+@dataclass
+class Ended:
+    code: object  # the SystemExit code (2 for a user error)
+    error: str  # the last "prepare.py: error: ..." on stderr to the end
 
 
 def tar_gz(members):

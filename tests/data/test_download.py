@@ -131,10 +131,10 @@ def test_prepare_downloads_resume_across_runs_and_unpack_verified_archives(opens
     args = ("--subset", "100h", "--corpus-dir", corpus, "--data-dir", tmp_path / "data", "--stop-stage", 0,
             "--openslr-url", openslr.url)
     e = prepare(*args)
-    assert isinstance(e.code, str) and "\n" not in e.code
-    assert e.code.startswith(f"prepare.py: error: could not download LibriSpeech train-clean-100 into {corpus} (")
-    assert f"kept the partial {corpus / 'train-clean-100.tar.gz.part'} (30000 bytes), which a rerun resumes" in e.code
-    assert "--corpus-dir" in e.code and not (corpus / "train-clean-100.tar.gz").exists()
+    assert e.code == 2 and "\n" not in e.error
+    assert e.error.startswith(f"prepare.py: error: could not download LibriSpeech train-clean-100 into {corpus} (")
+    assert f"kept the partial {corpus / 'train-clean-100.tar.gz.part'} (30000 bytes), which a rerun resumes" in e.error
+    assert "--corpus-dir" in e.error and not (corpus / "train-clean-100.tar.gz").exists()
     assert prepare(*args) is None
     assert openslr.requests[:4] == [(first, None), (first, "bytes=10000-"), (first, "bytes=20000-"),
                                     (first, "bytes=30000-")]
@@ -156,7 +156,7 @@ def test_prepare_names_a_damaged_download_with_the_fix(openslr, served, tmp_path
     (part_dir / "1-2.trans.txt").write_text("1-2-0000 A\n")
     e = prepare("--subset", "100h", "--corpus-dir", tmp_path, "--data-dir", tmp_path / "data", "--stop-stage", 0,
                 "--openslr-url", openslr.url, "--no-musan")
-    assert e.code.startswith(f"prepare.py: error: LibriSpeech dev-clean into {tmp_path}: the download of "
+    assert e.error.startswith(f"prepare.py: error: LibriSpeech dev-clean into {tmp_path}: the download of "
                              f"{openslr.url}/12/dev-clean.tar.gz ({len(body)} bytes) has MD5 ")
-    assert f"not the published {md5}; deleted {tmp_path / 'dev-clean.tar.gz.part'}. Fix: rerun to download" in e.code
+    assert f"not the published {md5}; deleted {tmp_path / 'dev-clean.tar.gz.part'}. Fix: rerun to download" in e.error
     assert not list(tmp_path.glob("dev-clean.tar.gz*")) and not (tmp_path / "LibriSpeech" / "dev-clean").exists()

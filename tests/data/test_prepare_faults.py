@@ -40,8 +40,8 @@ def test_no_network_gives_one_line_naming_corpus_dir_and_leaves_no_archive(tmp_p
     assert list(corpus.rglob("*.tar.gz*")) == []
     # the whole script: one line (no traceback), nothing left that looks like an archive
     e = prepare("--subset", "100h", "--corpus-dir", corpus, "--data-dir", tmp_path / "data", "--stop-stage", "0")
-    assert isinstance(e.code, str) and e.code.startswith("prepare.py: error: could not download LibriSpeech")
-    assert "--corpus-dir" in e.code and "\n" not in e.code and list(corpus.rglob("*.tar.gz*")) == []
+    assert e.code == 2 and e.error.startswith("prepare.py: error: could not download LibriSpeech")
+    assert "--corpus-dir" in e.error and "\n" not in e.error and list(corpus.rglob("*.tar.gz*")) == []
 
 
 def test_an_empty_corpus_folder_is_named_in_one_line(tmp_path, prepare):
@@ -49,9 +49,9 @@ def test_an_empty_corpus_folder_is_named_in_one_line(tmp_path, prepare):
     corpus.mkdir()
     e = prepare("--subset", "100h", "--corpus-dir", corpus, "--data-dir", tmp_path / "data", "--stage", "1",
                 "--stop-stage", "1")
-    assert e.code.startswith("prepare.py: error: LibriSpeech parts ['train-clean-100', 'dev-clean', 'dev-other', "
+    assert e.error.startswith("prepare.py: error: LibriSpeech parts ['train-clean-100', 'dev-clean', 'dev-other', "
                              f"'test-clean', 'test-other'] are not in {corpus / 'LibriSpeech'}")
-    assert "point --corpus-dir at the folder that holds LibriSpeech/" in e.code
+    assert "point --corpus-dir at the folder that holds LibriSpeech/" in e.error
 
 
 def test_malformed_transcript_lines_are_named_by_file_and_line(tmp_path):
@@ -118,8 +118,8 @@ def test_a_vocabulary_too_large_for_the_transcripts_names_vocab_size(tmp_path, p
     SupervisionSet.from_segments([SupervisionSegment(id=f"u{i}", recording_id=f"u{i}", start=0.0, duration=1.0,
                                                      text=text) for i, text in enumerate(["A CAT", "A DOG"])]).to_file(path)
     e = prepare("--subset", "100h", "--data-dir", tmp_path / "data", "--stage", "5", "--vocab-size", "500")
-    assert e.code.startswith("prepare.py: error: stage 5: vocab_size=500 is too large for these texts")
-    assert e.code.endswith("Fix: a smaller --vocab-size for prepare.py, and the same --vocab-size for train.py and "
+    assert e.error.startswith("prepare.py: error: stage 5: vocab_size=500 is too large for these texts")
+    assert e.error.endswith("Fix: a smaller --vocab-size for prepare.py, and the same --vocab-size for train.py and "
                            "decode.py")
 
 

@@ -285,7 +285,7 @@ def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid
     from asrprec.decoding.experiment import decode_splits, load_for_decoding
     from asrprec.metrics import read_recogs
     from asrprec.decoding.experiment import add_decoding_args, decode_config_from_args
-    from asrprec.training.cli import add_precision_args, precision_options_from_args
+    from asrprec.cli import add_precision_args, precision_options_from_args
     from asrprec.experiment import ExperimentError
 
     (tmp_path / "model.json").write_text(json.dumps({"encoder": "zipformer", "size": "tiny", "vocab_size": 12,

@@ -249,7 +249,7 @@ def test_policy_is_immutable_through_and_through():
 def test_recipe_precision_flags_reach_the_policy():
     import argparse
 
-    from asrprec.training.cli import add_precision_args, policy_from_args
+    from asrprec.cli import add_precision_args, policy_from_args
 
     p = argparse.ArgumentParser()
     add_precision_args(p)

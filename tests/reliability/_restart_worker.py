@@ -73,7 +73,7 @@ def run(exp: Path, rank: int, encoder: dict | None = None, **cfg) -> tuple[torch
 
 def preempt(out: Path, rank: int) -> None:
     """The ``preempt`` mode; a preempted run raises out of here (run_main turns it into exit code 75)."""
-    from asrprec.training.cli import run_main
+    from asrprec.cli import run_main
 
     if not (out / f"reference-rank{rank}.pt").exists():
         reference, _ = run(out / "reference", rank, save_every_n=0)

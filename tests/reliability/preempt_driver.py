@@ -3,7 +3,7 @@ completes; compare with an uninterrupted run.
 
 Run as ``python preempt_driver.py DATA_ROOT WORK_DIR``; prints one JSON object. Python starts once: each training
 run is a forked child (a real process, sent real signals) that trains through
-:func:`asrprec.training.cli.run_main`, as a recipe's ``train.py`` does, so its exit status is the program's. In a
+:func:`asrprec.cli.run_main`, as a recipe's ``train.py`` does, so its exit status is the program's. In a
 child, the training step and ``torch.save`` inside checkpoint writes report to the parent and wait for its go-ahead,
 so the parent signals at an exact point: during a training step, or in the middle of a checkpoint write.
 """
@@ -66,7 +66,7 @@ def _instrument(events_w: int, acks_r: int) -> None:
 def _child(data: Path, exp: Path, kw: dict, events_w: int | None = None, acks_r: int | None = None) -> None:
     code = 0
     try:
-        from asrprec.training.cli import run_main
+        from asrprec.cli import run_main
 
         if events_w is not None:
             _instrument(events_w, acks_r)
@@ -149,7 +149,7 @@ def _warm_up(data: Path) -> None:
     from asrprec.data import AsrDataModule, DataConfig  # noqa: F401
     from asrprec.tokenizer import Tokenizer
     from asrprec.training import optimizer_from_config  # noqa: F401
-    from asrprec.training.cli import run_main  # noqa: F401
+    from asrprec.cli import run_main  # noqa: F401
 
     harness.build_model(Tokenizer(data / "bpe.model"))
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)

@@ -26,8 +26,9 @@ FAST = ("--no-progress-bar", "--no-tensorboard", "--threads", "1", "--max-durati
 
 @dataclass
 class Outcome:
-    code: object  # None when main returned, else the SystemExit code (the message for an error)
-    text: str  # the exit message, stdout and the log
+    code: object  # None when main returned, else the SystemExit code (2 for a user error, or argparse's message)
+    error: str  # the error the user reads: run_main's "<script>: error: ..." line on stderr, or the exit message
+    text: str  # the error, stdout and the log
 
 
 def recipe(script, *args, fast=True, **_):
@@ -45,10 +46,10 @@ def recipe(script, *args, fast=True, **_):
     import contextlib
     import io
 
-    out = io.StringIO()
+    out, err = io.StringIO(), io.StringIO()
     sys.argv = argv
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             logging.getLogger("asrprec").addHandler(keep := Keep())
             try:
                 runpy.run_path(argv[0], run_name="__main__")
@@ -67,7 +68,9 @@ def recipe(script, *args, fast=True, **_):
                 root.addHandler(h)
         root.setLevel(level)
         torch.set_num_threads(threads)
-    return Outcome(code, "\n".join([str(code or ""), out.getvalue(), *log_lines]))
+    mark = f"{Path(argv[0]).name}: error: "
+    error = err.getvalue()[err.getvalue().rfind(mark):].strip() if mark in err.getvalue() else str(code or "")
+    return Outcome(code, error, "\n".join([error, out.getvalue(), *log_lines]))
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,8 @@ def test_a_new_run_in_a_folder_with_another_runs_checkpoints_is_refused(trained,
     before = sorted(p.name for p in exp.iterdir())
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 1)
     assert "holds the checkpoints of an earlier run (checkpoint-2.pt, checkpoint-4.pt, epoch-1.pt, epoch-2.pt)" \
-        in str(out.code) and "--resume latest" in str(out.code) and "--overwrite" in str(out.code)
+        in out.error and "--resume latest" in out.error and "--overwrite" in out.error
+    assert out.code == 2 and "\n" not in out.error  # run_main: one line, exit code 2 (a user error)
     assert sorted(p.name for p in exp.iterdir()) == before  # nothing touched
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 1, "--max-batches-per-epoch", 1,
                  "--overwrite")
@@ -106,24 +110,24 @@ def test_each_resume_argument_names_the_missing_checkpoint(trained, data_root, t
     exp = copy_of(trained, tmp_path)
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--start-batch", 3)
     assert f"checkpoint {exp / 'checkpoint-3.pt'} does not exist (checkpoints in {exp}: epoch-1.pt, epoch-2.pt, " \
-           "checkpoint-2.pt, checkpoint-4.pt)" in str(out.code)
+           "checkpoint-2.pt, checkpoint-4.pt)" in out.error
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--start-epoch", 5)
-    assert "start_epoch 5 > num_epochs 3: nothing to train" in str(out.code)
+    assert "start_epoch 5 > num_epochs 3: nothing to train" in out.error
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", tmp_path / "empty", "--resume", "latest")
-    assert "--resume latest: no complete checkpoint in" in str(out.code) and "without --resume" in str(out.code)
+    assert "--resume latest: no complete checkpoint in" in out.error and "without --resume" in out.error
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--resume", "latest", "--start-epoch", 2)
-    assert "--resume and --start-epoch each name a checkpoint to resume from; pass only one" in str(out.code)
+    assert "--resume and --start-epoch each name a checkpoint to resume from; pass only one" in out.error
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--max-skipped-fraction", 2)
-    assert "max_skipped_fraction must be in [0, 1]" in str(out.code)
+    assert "max_skipped_fraction must be in [0, 1]" in out.error
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--resume", "latest")
-    assert "ends epoch 2 and --num-epochs is 2: nothing to train. Fix: raise --num-epochs" in str(out.code)
+    assert "ends epoch 2 and --num-epochs is 2: nothing to train. Fix: raise --num-epochs" in out.error
 
 
 def test_resuming_from_an_older_checkpoint_would_mix_two_continuations(trained, data_root, tmp_path):
     exp = copy_of(trained, tmp_path)
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--start-batch", 2,
                  "--max-batches-per-epoch", 2)
-    assert "checkpoint-2.pt is not the newest checkpoint" in str(out.code) and "epoch-1.pt" in str(out.code)
+    assert "checkpoint-2.pt is not the newest checkpoint" in out.error and "epoch-1.pt" in out.error
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--start-batch", 2,
                  "--max-batches-per-epoch", 2, "--overwrite")
     assert out.code is None, out.text
@@ -140,7 +144,7 @@ def test_another_model_cannot_resume_a_run(trained, data_root, tmp_path):
             "--encoder-overrides", other)
     out = recipe(*args)
     assert "model.json records another model than the one this command builds (encoder_overrides.encoder_dim: " \
-           "[32, 32, 32] -> [40, 40, 40]" in str(out.code) and "another --exp-dir" in str(out.code)
+           "[32, 32, 32] -> [40, 40, 40]" in out.error and "another --exp-dir" in out.error
     assert (exp / "model.json").read_text() == model_json  # the run stays decodable
     from asrprec.checkpoint import CheckpointMismatchError
     from asrprec.experiment import check_model_config
@@ -149,8 +153,8 @@ def test_another_model_cannot_resume_a_run(trained, data_root, tmp_path):
         check_model_config(exp, {**json.loads(model_json), "context_size": 3})
     (exp / "model.json").unlink()  # without the record, the checkpoint itself refuses, naming the file
     out = recipe(*args)
-    assert f"the checkpoint {exp / 'epoch-2.pt'} does not fit this model" in str(out.code)
-    assert "CheckpointMismatchError" not in str(out.code) and "size mismatch" not in str(out.code)
+    assert f"the checkpoint {exp / 'epoch-2.pt'} does not fit this model" in out.error
+    assert "CheckpointMismatchError" not in out.error and "size mismatch" not in out.error
     assert not (exp / "model.json").exists()  # written only after a resume succeeded
 
 
@@ -183,7 +187,7 @@ def test_broken_checkpoints_are_named_with_the_fix(trained, data_root, tmp_path)
     (exp / "epoch-2.pt").write_bytes(b"")
     (exp / ".tmp-abc123-epoch-3.pt").write_bytes(b"partial")
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--start-epoch", 3)
-    msg = str(out.code)
+    msg = out.error
     assert f"checkpoint {exp / 'epoch-2.pt'} is empty (0 bytes)" in msg and "delete it" in msg
     assert "--resume latest" in msg and "weights_only" not in msg
     assert not (exp / ".tmp-abc123-epoch-3.pt").exists()  # a killed write's leftover is removed on start
@@ -191,10 +195,10 @@ def test_broken_checkpoints_are_named_with_the_fix(trained, data_root, tmp_path)
     (exp / "checkpoint-4.pt").write_bytes(data[: len(data) // 2])
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--start-batch", 4)
     assert f"checkpoint {exp / 'checkpoint-4.pt'} ({len(data) // 2:,} bytes) cannot be read: it is truncated or " \
-           "corrupt" in str(out.code) and "weights_only" not in str(out.code)
+           "corrupt" in out.error and "weights_only" not in out.error
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--resume", "latest",
                  "--max-batches-per-epoch", 2, "--overwrite")
-    assert "--overwrite with --resume latest" in str(out.code)
+    assert "--overwrite with --resume latest" in out.error
     # --resume latest passes over both broken files (with a warning naming each) to the newest complete one, and
     # the resumed run writes them anew
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--resume", "latest",
@@ -207,12 +211,12 @@ def test_broken_checkpoints_are_named_with_the_fix(trained, data_root, tmp_path)
 
 def test_decode_errors_name_the_folder_and_file(trained, data_root, tmp_path):
     out = recipe("decode.py", "--data-dir", data_root, "--exp-dir", tmp_path / "nowhere", "--epoch", 1)
-    assert f"the experiment folder {tmp_path / 'nowhere'} does not exist. Fix: pass the --exp-dir" in str(out.code)
+    assert f"the experiment folder {tmp_path / 'nowhere'} does not exist. Fix: pass the --exp-dir" in out.error
     exp = copy_of(trained, tmp_path)
     text = (exp / "model.json").read_text()
     (exp / "model.json").write_text(text[: len(text) // 2])
     out = recipe("decode.py", "--data-dir", data_root, "--exp-dir", exp, "--epoch", 1)
-    assert f"{exp / 'model.json'} is not valid JSON" in str(out.code) and "truncated" in str(out.code)
+    assert f"{exp / 'model.json'} is not valid JSON" in out.error and "truncated" in out.error
 
 
 def test_decode_needs_only_the_decoded_split(trained, data_root, tmp_path):
@@ -224,4 +228,4 @@ def test_decode_needs_only_the_decoded_split(trained, data_root, tmp_path):
     out = recipe("decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--splits", "test")
     assert out.code is None and "test: WER" in out.text, out.text
     out = recipe("decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--splits", "dev")
-    assert f"{data / 'espeak_cuts_dev_fbank.jsonl.gz'} is missing" in str(out.code)
+    assert f"{data / 'espeak_cuts_dev_fbank.jsonl.gz'} is missing" in out.error

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from asrprec.devices import rank_device
 from asrprec.precision import get_policy
 from asrprec.training import TrainConfig, compute_loss, train
-from asrprec.training.distributed import rank_device, setup_distributed
+from asrprec.training.distributed import setup_distributed
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
