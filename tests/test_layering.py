@@ -114,9 +114,12 @@ def _module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
     return names
 
 
-def _top_level_imports(tree: ast.Module):
-    """Import statements run when the module is imported: not inside functions (lazy imports are allowed), not
-    under ``if TYPE_CHECKING:``."""
+def _imports(tree: ast.Module, every: bool = False):
+    """Import statements run when the module is imported: not inside functions (lazy imports), not under
+    ``if TYPE_CHECKING:``; with ``every``, all of them."""
+    if every:
+        yield from (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
+        return
     stack = list(tree.body)
     while stack:
         node = stack.pop()
@@ -130,10 +133,11 @@ def _top_level_imports(tree: ast.Module):
             stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph(root: pathlib.Path = ROOT, package: str = "asrprec") -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` its import runs. Importing ``a.b.c`` runs ``a``, ``a.b`` and ``a.b.c``; a
-    module's own parent packages are already being imported, so they count only when a name is read from them
-    (``from . import name``)."""
+def import_graph(root: pathlib.Path = ROOT, package: str = "asrprec",
+                 every_import: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` its import runs (with ``every_import``: that any of its imports runs,
+    lazy and type-checking ones too). Importing ``a.b.c`` runs ``a``, ``a.b`` and ``a.b.c``; a module's own parent
+    packages are already being imported, so they count only when a name is read from them (``from . import name``)."""
     modules = _module_names(root, package)
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
@@ -149,7 +153,7 @@ def import_graph(root: pathlib.Path = ROOT, package: str = "asrprec") -> dict[st
                 if mod in modules and mod not in own_parents and mod != name:
                     edges.add(mod)
 
-        for node in _top_level_imports(ast.parse(path.read_text())):
+        for node in _imports(ast.parse(path.read_text()), every_import):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     run(alias.name)
@@ -218,61 +222,108 @@ def test_import_cycle_finder(tmp_path):
     graph = import_graph(tmp_path, "p")
     assert graph == {"p": {"p.a", "p.b"}, "p.a": {"p"}, "p.b": {"p.c"}, "p.c": {"p.d"}, "p.d": set()}
     assert import_cycles(graph) == [{"p", "p.a"}]
+    assert import_graph(tmp_path, "p", every_import=True)["p.b"] == {"p", "p.c"}
     assert import_cycles({"p": {"p.a"}, "p.a": {"p.b"}, "p.b": {"p"}, "q": {"p"}}) == [{"p", "p.a", "p.b"}]
 
 
 def test_no_import_cycles():
-    """Top-level imports among asrprec modules form no cycle (a lazy import inside a function is allowed)."""
-    cycles = import_cycles(import_graph())
+    """The imports among asrprec modules form no cycle, lazy ones (inside functions) and type-checking ones included:
+    a lazy import hides a circle from the interpreter, not from a reader."""
+    cycles = import_cycles(import_graph(every_import=True))
     assert not cycles, f"import cycles among asrprec modules (move the shared part into its own module): {cycles}"
 
 
-# the floors of the library (a module imports only from lower floors or its own package), lazy imports included
-_FLOORS = {"atomic": 1, "config": 1, "rng": 1, "tokenizer": 1, "metrics": 1, "_optional": 1, "optim": 1,
-           "precision": 2, "losses": 2, "data": 2, "models": 3, "checkpoint": 4, "experiment": 5,
-           "training": 6, "decoding": 6, "export": 6}
+#: DESIGN.md's floors as layers, from the top down. A module of asrprec imports only its own home (package or module)
+#: and the layers below its own; the homes of one layer import none of each other.
+LAYERS = (
+    ("training", "decoding", "export"),  # 6: what a recipe calls; each stands on the experiment, none on another
+    ("cli", "experiment"),  # 5: every entry point's scaffolding; the experiment folder
+    ("checkpoint",),  # 4
+    ("models",),  # 3
+    ("losses", "data", "lm"),  # 2
+    ("precision",),  # 1, above optim: the policy attaches optim's bf16 update rules to an optimizer (build_optimizer)
+    ("optim",),  # drawn on floor 2 by DESIGN; it imports nothing of asrprec, so it sits under precision
+    ("config", "errors", "devices", "atomic", "rng", "tokenizer", "metrics", "_optional"),  # 1: the ground
+)
+
+#: imports that go against LAYERS, each with its reason: only a genuine plug-in point belongs here
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node but those under ``if TYPE_CHECKING:`` (annotations only: nothing is imported at run time)."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            yield from (n for child in node.orelse for n in ast.walk(child))
+def _layer_of(home: str) -> int | None:
+    """The index of ``home``'s layer in LAYERS, counted from the ground (0); None for a home LAYERS does not place."""
+    for i, homes in enumerate(reversed(LAYERS)):
+        if home in homes:
+            return i
+    return None
+
+
+def _imported_homes(path: pathlib.Path, root: pathlib.Path):
+    """(line, home) of each asrprec home ``path`` imports: every import statement, at the top of the module, inside
+    a function (a lazy import runs later, but runs) or under ``if TYPE_CHECKING:`` (an annotation is a dependency)."""
+    package = list(path.relative_to(root).parts[:-1])  # the package a relative import starts from
+    for node in sorted(ast.walk(ast.parse(path.read_text())), key=lambda n: getattr(n, "lineno", 0)):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            source = ".".join(base + ([node.module] if node.module else []))
+            targets = [f"{source}.{a.name}" for a in node.names] if source == "asrprec" else [source]
+        else:
             continue
-        yield node
-        yield from _runtime_nodes(node)
+        for target in targets:
+            names = target.split(".")
+            if names[0] == "asrprec" and len(names) > 1:
+                yield node.lineno, names[1]
 
 
-def floor_problems(root: pathlib.Path) -> list[str]:
+def layer_problems(root: pathlib.Path = ROOT) -> list[str]:
+    """Each import of ``root/asrprec`` that goes up a layer or sideways within one (and not in ALLOWED), and each
+    home LAYERS does not place."""
     problems = []
     for path in sorted((root / "asrprec").rglob("*.py")):
-        rel = path.relative_to(root / "asrprec")
-        here = rel.parts[0].removesuffix(".py")
-        if here not in _FLOORS:
+        rel = path.relative_to(root)
+        if rel.parts == ("asrprec", "__init__.py"):
             continue
-        for node in _runtime_nodes(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
-            for n in names:
-                parts = n.split(".")
-                if parts[0] != "asrprec" or len(parts) < 2 or parts[1] not in _FLOORS or parts[1] == here:
-                    continue
-                if _FLOORS[parts[1]] > _FLOORS[here] or (_FLOORS[parts[1]] == _FLOORS[here] >= 5):
-                    problems.append(f"asrprec/{rel} (floor {_FLOORS[here]}) imports {n} (floor {_FLOORS[parts[1]]})")
+        here = rel.parts[1].removesuffix(".py")
+        if _layer_of(here) is None:
+            problems.append(f"{rel}: asrprec.{here} has no layer; place it in LAYERS (tests/test_layering.py) as "
+                            "DESIGN.md draws it")
+            continue
+        for line, there in _imported_homes(path, root):
+            if there == here or (here, there) in ALLOWED:
+                continue
+            if _layer_of(there) is None or _layer_of(there) >= _layer_of(here):
+                up = "a layer it shares" if _layer_of(there) == _layer_of(here) else "a layer above"
+                problems.append(f"{rel}:{line} imports asrprec.{there} ({up})")
     return problems
 
 
-def test_each_floor_imports_only_lower_floors():
-    # training, decoding and export share floor 6: decoding and export may use training's command-line helpers
-    # (asrprec.training.cli), in that direction only; nothing below them may import them, and the experiment
-    # folder (floor 5) imports none of them
-    problems = [p for p in floor_problems(ROOT)
-                if not (p.endswith("imports asrprec.training.cli (floor 6)") and "asrprec/training/" not in p)]
-    assert problems == []
+def test_each_module_imports_only_lower_layers():
+    assert layer_problems() == []
 
 
-def test_floor_check_finds_an_upward_import(tmp_path):
-    (tmp_path / "asrprec" / "models").mkdir(parents=True)
-    (tmp_path / "asrprec" / "models" / "x.py").write_text("def f():\n    from asrprec.training.cli import run_main\n")
-    (tmp_path / "asrprec" / "experiment.py").write_text("import asrprec.decoding\n")
-    assert len(floor_problems(tmp_path)) == 2
+def test_layer_check_finds_each_kind_of_violation(tmp_path):
+    files = {
+        "asrprec/__init__.py": "",
+        "asrprec/models/__init__.py": "from .x import f\n",
+        # a lazy import going up, and one for annotations only
+        "asrprec/models/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                               "    from asrprec.training import T\ndef f():\n    from asrprec.cli import run_main\n",
+        "asrprec/experiment.py": "import asrprec.decoding\nfrom . import models\n",  # up; down (fine)
+        "asrprec/decoding/x.py": "from ..training.loop import train\nfrom ..models import f\n",  # sideways; down
+        "asrprec/optim/x.py": "from asrprec import precision, errors\n",  # up (from the package); ground (fine)
+        "asrprec/gadgets.py": "",  # no layer
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert layer_problems(tmp_path) == [
+        "asrprec/decoding/x.py:1 imports asrprec.training (a layer it shares)",
+        "asrprec/experiment.py:1 imports asrprec.decoding (a layer above)",
+        "asrprec/gadgets.py: asrprec.gadgets has no layer; place it in LAYERS (tests/test_layering.py) as DESIGN.md "
+        "draws it",
+        "asrprec/models/x.py:3 imports asrprec.training (a layer above)",
+        "asrprec/models/x.py:5 imports asrprec.cli (a layer above)",
+        "asrprec/optim/x.py:1 imports asrprec.precision (a layer above)",
+    ]
