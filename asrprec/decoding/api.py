@@ -14,6 +14,7 @@ from asrprec.config import strict_from_dict
 
 from .beam_search import modified_beam_search
 from .ctc import ctc_greedy_search, ctc_prefix_beam_search
+from .fusion import BatchFusion
 from .greedy import greedy_search
 from .tdt import is_tdt, tdt_greedy_search, tdt_modified_beam_search
 
@@ -68,32 +69,40 @@ def check_method(model: nn.Module, method: str) -> None:
 
 
 def decode_encoder_out(
-    model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, options: DecodingOptions
+    model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, options: DecodingOptions,
+    fusion: BatchFusion | None = None,
 ) -> list[list[int]]:
     """Run the decoding method named in ``options`` on (B, T', D_enc) ``encoder_out`` with (B,) ``encoder_out_lens``;
     B token-id lists in the input order. CTC methods read ``model.ctc_log_probs(encoder_out)``; a method the model
-    has no head for raises ValueError (:func:`check_method`)."""
+    has no head for raises ValueError (:func:`check_method`). ``fusion``: LM / LODR / phrase bonuses
+    (:mod:`asrprec.decoding.fusion`), taken by every method but ``ctc_greedy_search`` (a ValueError there)."""
     check_method(model, options.method)
     if options.method in CTC_METHODS:
         log_probs = model.ctc_log_probs(encoder_out)
         if options.method == "ctc_greedy_search":
+            if fusion is not None:
+                raise ValueError("ctc_greedy_search takes no language model or hot phrases; fix: decode with "
+                                 "ctc_prefix_beam_search")
             return ctc_greedy_search(log_probs, encoder_out_lens, blank_id=model.blank_id)
-        return ctc_prefix_beam_search(log_probs, encoder_out_lens, options.beam, blank_id=model.blank_id)
+        return ctc_prefix_beam_search(log_probs, encoder_out_lens, options.beam, blank_id=model.blank_id,
+                                      fusion=fusion)
     if is_tdt(model):  # a joiner with a duration head: the searches that jump by the predicted durations
         if options.method == "greedy_search":
-            return tdt_greedy_search(model, encoder_out, encoder_out_lens, options.max_sym_per_frame)
+            return tdt_greedy_search(model, encoder_out, encoder_out_lens, options.max_sym_per_frame, fusion=fusion)
         return tdt_modified_beam_search(model, encoder_out, encoder_out_lens, options.beam, options.max_sym_per_frame,
-                                        length_norm=options.length_norm)
+                                        length_norm=options.length_norm, fusion=fusion)
     if options.method == "greedy_search":
-        return greedy_search(model, encoder_out, encoder_out_lens, max_sym_per_frame=options.max_sym_per_frame)
+        return greedy_search(model, encoder_out, encoder_out_lens, max_sym_per_frame=options.max_sym_per_frame,
+                             fusion=fusion)
     return modified_beam_search(
-        model, encoder_out, encoder_out_lens, beam=options.beam, length_norm=options.length_norm
+        model, encoder_out, encoder_out_lens, beam=options.beam, length_norm=options.length_norm, fusion=fusion
     )
 
 
 @torch.no_grad()
 def decode(
-    model: nn.Module, features: torch.Tensor, feature_lens: torch.Tensor, options: DecodingOptions | None = None
+    model: nn.Module, features: torch.Tensor, feature_lens: torch.Tensor, options: DecodingOptions | None = None,
+    fusion: BatchFusion | None = None,
 ) -> list[list[int]]:
     """Encode features and decode them.
 
@@ -101,9 +110,10 @@ def decode(
         model: a transducer (``encode`` + the decoding interface of the method's head), in eval mode.
         features: (B, T, F) float features. feature_lens: (B,) integer valid frames.
         options: the method and its knobs (default: greedy search, one symbol per frame).
+        fusion: LM / LODR / phrase bonuses for this batch (:meth:`asrprec.decoding.fusion.Fusion.for_batch`).
     Returns:
         B token-id lists in the input order.
     """
     options = options or DecodingOptions()
     encoder_out, encoder_out_lens = model.encode(features, feature_lens)
-    return decode_encoder_out(model, encoder_out, encoder_out_lens, options)
+    return decode_encoder_out(model, encoder_out, encoder_out_lens, options, fusion)

@@ -19,13 +19,14 @@ import torch
 from torch import nn
 
 from ._common import decoder_step, joint_logits, log_softmax_fp32, sort_and_project
+from .fusion import BatchFusion
 from .hypothesis import Hypothesis, HypothesisList
 
 
 @torch.no_grad()
 def modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, beam: int = 4, *,
-                         length_norm: bool = True,
-                         return_hypotheses: bool = False) -> list[list[int]] | list[HypothesisList]:
+                         length_norm: bool = True, return_hypotheses: bool = False,
+                         fusion: BatchFusion | None = None) -> list[list[int]] | list[HypothesisList]:
     """Beam search over label sequences with one symbol per frame, batched across utterances.
 
     Scores are fp32 log-softmax values (computed in an fp32 island whatever the model's dtype) summed in
@@ -42,6 +43,9 @@ def modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_ou
         beam: hypotheses kept per utterance (>= 1; ``beam=1`` is one-symbol-per-frame greedy search).
         length_norm: pick the final hypothesis by length-normalised score (icefall's choice) or raw score.
         return_hypotheses: return each utterance's final :class:`HypothesisList` instead of the best tokens.
+        fusion: LM / LODR / phrase bonuses added to the non-blank candidates (:mod:`asrprec.decoding.fusion`; icefall's
+            ``modified_beam_search_lm_shallow_fusion`` / ``_LODR``); scores then include them, and the final choice
+            takes back the bonus of unfinished phrases.
     Returns:
         B lists of token ids (input order, no blanks, no start context), or B ``HypothesisList``.
     """
@@ -54,21 +58,32 @@ def modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_ou
     C = model.decoder.context_size
     enc = batch.encoder_proj  # (B, T, J), sorted by decreasing length
 
-    beams = [HypothesisList([Hypothesis()]) for _ in range(B)]
+    if fusion is None:
+        beams = [HypothesisList([Hypothesis()]) for _ in range(B)]
+    else:
+        starts = fusion.start(torch.tensor(batch.order, device=enc.device)).tolist()
+        beams = [HypothesisList([Hypothesis(fusion_state=tuple(s))]) for s in starts]
     for t, n in enumerate(batch.batch_sizes):
-        beams[:n] = beam_search_step(model, enc[:n, t], beams[:n], [t] * n, beam)
+        beams[:n] = beam_search_step(model, enc[:n, t], beams[:n], [t] * n, beam, fusion=fusion)
 
     beams = batch.unsort(beams)
+    if fusion is not None:  # an unfinished phrase gives its bonus back before the final choice
+        flat = [h for b in beams for h in b]
+        if flat:
+            back = fusion.final(torch.tensor([h.fusion_state for h in flat], device=enc.device)).tolist()
+            for h, v in zip(flat, back):
+                h.log_prob += v
     if return_hypotheses:
         return beams
     return [list(b.get_most_probable(length_norm=length_norm, context_size=C).tokens) for b in beams]
 
 
 def beam_search_step(model: nn.Module, enc_t: torch.Tensor, beams: list[HypothesisList], frames: list[int],
-                     beam: int) -> list[HypothesisList]:
+                     beam: int, fusion: BatchFusion | None = None) -> list[HypothesisList]:
     """One frame of modified beam search for N utterances: each hypothesis emits blank or one token on its
     utterance's projected encoder frame ``enc_t`` (N, J); the best ``beam`` candidates per utterance survive,
-    equal label sequences merged. ``frames`` (N) are the frame indices recorded as token timestamps."""
+    equal label sequences merged. ``frames`` (N) are the frame indices recorded as token timestamps. ``fusion``
+    adds its bonus to the non-blank candidates and carries each hypothesis's fusion state."""
     n = len(beams)
     blank = model.decoder.blank_id
     C = model.decoder.context_size
@@ -86,23 +101,33 @@ def beam_search_step(model: nn.Module, enc_t: torch.Tensor, beams: list[Hypothes
     V = logits.size(-1)
     scores = torch.tensor([h.log_prob for h in flat], dtype=torch.float64, device=device)
     cand = log_softmax_fp32(logits).double() + scores[:, None]  # (H, V)
+    if fusion is not None:
+        fstates = torch.tensor([h.fusion_state for h in flat], dtype=torch.int64, device=device)  # (H, 4)
+        bonus, next_states = fusion.scores(fstates)  # (H, V), (H, V, 4)
+        cand = cand + bonus.double()
 
     block = torch.full((n, max_h, V), float("-inf"), dtype=torch.float64, device=device)
     block[row_ids, pos] = cand
     k = min(beam, max_h * V)
     top_scores, top_idx = block.view(n, max_h * V).topk(k, dim=1)  # (n, k)
 
+    chosen = None
+    if fusion is not None:  # the fusion states of the chosen candidates: (n, k, 4)
+        offsets = torch.tensor([0] + counts[:-1], device=device).cumsum(0)
+        src_flat = (offsets[:, None] + top_idx // V).clamp(max=len(flat) - 1)
+        chosen = next_states[src_flat, top_idx % V].tolist()
     top_scores, top_idx = top_scores.tolist(), top_idx.tolist()
     out = []
     for i in range(n):
         new = HypothesisList()
-        for score, idx in zip(top_scores[i], top_idx[i]):
+        for j, (score, idx) in enumerate(zip(top_scores[i], top_idx[i])):
             if score == float("-inf"):  # a padding slot (fewer than k real candidates)
                 continue
             src, tok = active[i][idx // V], idx % V
+            state = tuple(chosen[i][j]) if chosen is not None else src.fusion_state
             if tok == blank:
-                new.add(Hypothesis(src.tokens, score, src.timestamps))
+                new.add(Hypothesis(src.tokens, score, src.timestamps, state))
             else:
-                new.add(Hypothesis(src.tokens + (tok,), score, src.timestamps + (frames[i],)))
+                new.add(Hypothesis(src.tokens + (tok,), score, src.timestamps + (frames[i],), state))
         out.append(new)
     return out

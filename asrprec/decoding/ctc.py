@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .fusion import BatchFusion
 from .hypothesis import Hypothesis, HypothesisList
 
 NEG_INF = float("-inf")
@@ -131,9 +132,16 @@ class StreamingCtcPrefixBeamSearch:
     far over the alignments that collapse to the slot's label sequence and end in blank / in its last token;
     ``tokens`` (B, K, L) and ``stamps`` (B, K, L) with ``length`` (B, K) valid entries; ``last`` (B, K) the last token
     (-1 for the empty sequence); ``alive`` (B, K) which slots hold a hypothesis.
+
+    With ``fusion`` (:mod:`asrprec.decoding.fusion`; stream b is the batch's utterance b), ``bonus`` (B, K) holds the
+    LM / phrase bonus of each slot's label sequence and ``fstate`` (B, K, 4) its fusion state: a new token adds its
+    bonus, a blank or a repeat adds none. Slots compete (and the final choice is made) on the acoustic score plus
+    the bonus; ``pb`` / ``pnb`` stay acoustic, so sequences merge as without fusion (equal sequences have equal
+    bonuses).
     """
 
-    def __init__(self, batch_size: int, beam: int = 4, blank_id: int = 0, device: torch.device | str = "cpu"):
+    def __init__(self, batch_size: int, beam: int = 4, blank_id: int = 0, device: torch.device | str = "cpu",
+                 fusion: BatchFusion | None = None):
         if not isinstance(beam, int) or beam < 1:
             raise ValueError(f"beam must be an integer >= 1, got {beam!r}")
         B, K = batch_size, beam
@@ -150,6 +158,11 @@ class StreamingCtcPrefixBeamSearch:
         self.length = torch.zeros(B, K, **i64)
         self.last = torch.full((B, K), -1, **i64)
         self.frames = torch.zeros(B, **i64)  # frames consumed per stream
+        self.fusion = fusion
+        self.bonus = torch.zeros(B, K, **f64)
+        if fusion is not None:
+            fusion.to(self.device)
+            self.fstate = fusion.start(torch.arange(B, device=self.device))[:, None, :].repeat(1, K, 1)
 
     @torch.no_grad()
     def accept(self, log_probs: torch.Tensor, log_probs_lens: torch.Tensor) -> None:
@@ -199,7 +212,16 @@ class StreamingCtcPrefixBeamSearch:
         ext = ext.masked_fill(hits.any(dim=3), NEG_INF)
 
         stay = torch.logaddexp(stay_pb, stay_pnb).masked_fill(~self.alive, NEG_INF)
-        scores, choice = torch.cat([stay, ext.reshape(B, K * M)], dim=1).topk(K, dim=1)  # (B, K)
+        acoustic = torch.cat([stay, ext.reshape(B, K * M)], dim=1)  # (B, K + K·M)
+        if self.fusion is None:
+            _, choice = acoustic.topk(K, dim=1)  # (B, K)
+        else:  # rank by acoustic score + the sequence's bonus (+ the new token's, for an extension)
+            states = self.fstate[:, :, None, :].expand(B, K, M, 4).reshape(-1, 4)
+            delta, to = self.fusion.step(states, top_tok[:, None, :].expand(B, K, M).reshape(-1))
+            delta, to = delta.view(B, K, M).double(), to.view(B, K * M, 4)
+            bonus_all = torch.cat([self.bonus, (self.bonus[:, :, None] + delta).reshape(B, K * M)], dim=1)
+            _, choice = (acoustic + bonus_all).topk(K, dim=1)
+        scores = acoustic.gather(1, choice)
         is_ext = choice >= K
         k = torch.where(is_ext, (choice - K) // M, choice)
         tok = top_tok.gather(1, ((choice - K) % M).clamp(min=0))
@@ -219,15 +241,28 @@ class StreamingCtcPrefixBeamSearch:
             "length": length + is_ext,
             "last": torch.where(is_ext, tok, self.last.gather(1, k)),
         }
+        if self.fusion is not None:
+            ext_at = (choice - K).clamp(min=0)
+            new["bonus"] = torch.where(is_ext, bonus_all.gather(1, choice), self.bonus.gather(1, k))
+            new["fstate"] = torch.where(is_ext[..., None], to.gather(1, ext_at[..., None].expand(B, K, 4)),
+                                        self.fstate.gather(1, k[..., None].expand(B, K, 4)))
         keep = active[:, None]
         for name, value in new.items():
+            if value.dim() == 3:
+                setattr(self, name, torch.where(keep[..., None], value, getattr(self, name)))
+                continue
             setattr(self, name, torch.where(keep, value, getattr(self, name)))
         self.tokens = torch.where(keep[..., None], tokens, old_tokens)
         self.stamps = torch.where(keep[..., None], stamps, old_stamps)
 
     def hypotheses(self) -> list[HypothesisList]:
-        """Each stream's surviving label sequences, scored by log(P(ends in blank) + P(ends in its last token))."""
-        score = torch.logaddexp(self.pb, self.pnb).cpu().tolist()
+        """Each stream's surviving label sequences, scored by log(P(ends in blank) + P(ends in its last token)) (plus
+        the fusion bonus, with fusion)."""
+        score = torch.logaddexp(self.pb, self.pnb) + self.bonus
+        if self.fusion is not None:  # an unfinished phrase gives its bonus back
+            B, K = self.bonus.shape
+            score = score + self.fusion.final(self.fstate.reshape(B * K, 4)).view(B, K).double()
+        score = score.cpu().tolist()
         alive, length = self.alive.cpu().tolist(), self.length.cpu().tolist()
         tokens, stamps = self.tokens.cpu().tolist(), self.stamps.cpu().tolist()
         out = []
@@ -250,6 +285,7 @@ def ctc_prefix_beam_search(
     *,
     blank_id: int = 0,
     return_hypotheses: bool = False,
+    fusion: BatchFusion | None = None,
 ) -> list[list[int]] | list[HypothesisList]:
     """CTC prefix beam search over a batch: the label sequences of highest probability summed over their alignments.
 
@@ -269,6 +305,7 @@ def ctc_prefix_beam_search(
         blank_id: the blank's id.
         return_hypotheses: return each utterance's :class:`HypothesisList` (token timestamps: the frame where the
             sequence first gained the token) instead of the best tokens.
+        fusion: LM / phrase bonuses added when a sequence gains a token (:class:`StreamingCtcPrefixBeamSearch`).
     Returns:
         B lists of token ids in the input order, or B ``HypothesisList``.
     """
@@ -276,6 +313,6 @@ def ctc_prefix_beam_search(
         raise ValueError(f"beam must be an integer >= 1, got {beam!r}")
     check_log_probs(log_probs, log_probs_lens)
     _check_blank(blank_id, log_probs.shape[2])
-    search = StreamingCtcPrefixBeamSearch(log_probs.shape[0], beam, blank_id, device=log_probs.device)
+    search = StreamingCtcPrefixBeamSearch(log_probs.shape[0], beam, blank_id, device=log_probs.device, fusion=fusion)
     search.accept(log_probs, log_probs_lens)
     return search.hypotheses() if return_hypotheses else search.best()

@@ -12,6 +12,7 @@ from asrprec.data.frames import FRAME_SHIFT_S
 from asrprec.metrics import RtfxMeter
 
 from .api import DecodingOptions, decode
+from .fusion import Fusion
 from .streaming import streaming_decode
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,7 @@ def decode_dataset(
     streaming: tuple[int, int] | None = None,
     search: Callable[[torch.Tensor, torch.Tensor], list[list[int]]] | None = None,
     whole_chunks_only: bool = False,
+    fusion: Fusion | None = None,
 ) -> tuple[list[tuple[str, list[str], list[str]]], dict[str, float]]:
     """Decode every batch of ``loader`` (dicts with ``features``, ``feature_lens``, ``texts``, ``cut_ids``).
 
@@ -32,7 +34,8 @@ def decode_dataset(
     each stream at its last whole chunk, as sherpa-onnx does (see :func:`asrprec.decoding.streaming_encode`).
     ``search``, called as ``search(encoder_out (B, T, D_enc), encoder_out_lens (B,))`` after ``model.encode``,
     replaces the method named in ``options`` for whole utterances (e.g. a :class:`asrprec.decoding.LabelLoopingGreedy`
-    kept across batches).
+    kept across batches). ``fusion`` adds LM / LODR / phrase bonuses (:mod:`asrprec.decoding.fusion`), each batch's
+    utterances with their own phrases (by cut id); not with ``streaming``.
 
     Cuts the loader could not read (named in a batch's ``dropped_cuts``) are left out of the results, logged, and
     counted in ``stats["unreadable_cuts"]``.
@@ -42,6 +45,9 @@ def decode_dataset(
         stats: ``audio_seconds``, ``wall_seconds`` and ``rtfx`` (audio seconds per wall second, including
         the encoder and the search, excluding data loading), ``unreadable_cuts``.
     """
+    if fusion is not None and streaming is not None:
+        raise ValueError("language models and hot phrases are not supported in streaming decoding; fix: decode "
+                         "without --streaming (a causal model decodes whole utterances with --chunk-size)")
     meter = RtfxMeter()
     results = []
     unreadable = 0
@@ -54,10 +60,12 @@ def decode_dataset(
         features = batch["features"].to(device)
         feature_lens = batch["feature_lens"].to(device)
         with meter.measure(audio_seconds=float(batch["feature_lens"].sum()) * FRAME_SHIFT_S):
+            batch_fusion = fusion.for_batch(batch["cut_ids"]) if fusion is not None else None
             if streaming is None and search is not None:
-                hyps = search(*model.encode(features, feature_lens))
+                extra = {"fusion": batch_fusion} if batch_fusion is not None else {}
+                hyps = search(*model.encode(features, feature_lens), **extra)
             elif streaming is None:
-                hyps = decode(model, features, feature_lens, options)
+                hyps = decode(model, features, feature_lens, options, batch_fusion)
             else:
                 hyps = streaming_decode(model, features, feature_lens, options, *streaming,
                                         whole_chunks_only=whole_chunks_only)

@@ -75,6 +75,29 @@ class DecodeConfig:
                                  help="with --streaming: end each stream as a sherpa-onnx client does, with this much "
                                       "silence appended to the audio (its examples: 0.66) and only whole chunks "
                                       "decoded; features are then computed from the padded audio")
+    lm: str = option("", metavar="ARPA", help="shallow fusion with this n-gram LM (an ARPA file over the model's BPE "
+                                              "pieces, e.g. the recipe's prepare_lm.py output), weighted --lm-scale")
+    lm_scale: float = option(0.0, help="weight of --lm's log-probabilities added to non-blank tokens")
+    lodr: str = option("", metavar="ARPA", help="LODR: a low-order n-gram LM (ARPA, BPE pieces) whose score is "
+                                                "subtracted, weighted --lodr-scale (transducer searches)")
+    lodr_scale: float = option(0.0, help="weight of --lodr's log-probabilities subtracted from non-blank tokens")
+    hotwords: str = option("", metavar="FILE", help="phrases to boost, one a line (with each cut's own phrases "
+                                                    "from its manifest field --hotwords-field)")
+    hotword_score: float = option(0.0, help="bonus per token of a matched phrase (a partial match that is abandoned "
+                                            "gives it back)")
+    hotwords_field: str = option("hotwords", help="the cut (or supervision) custom field holding a cut's own "
+                                                  "phrases: a list of strings, or one string split at '|'")
+
+    def fusion(self, tokenizer) -> Any:
+        """The :class:`asrprec.decoding.fusion.Fusion` these flags name, or None without --lm, --lodr, --hotwords
+        or a nonzero --hotword-score (per-cut phrases)."""
+        if not (self.lm or self.lodr or self.hotwords or self.hotword_score):
+            return None
+        from asrprec.decoding.fusion import Fusion
+
+        return Fusion.from_files(tokenizer, lm=self.lm or None, lm_scale=self.lm_scale, lodr=self.lodr or None,
+                                 lodr_scale=self.lodr_scale, hotwords=self.hotwords or None,
+                                 hotword_score=self.hotword_score)
 
     def __post_init__(self) -> None:
         if self.tail_padding and not self.streaming:
@@ -117,6 +140,10 @@ def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> st
         tag += "-use-averaged-model"
     if cfg.decoding_method in ("modified_beam_search", "ctc_prefix_beam_search"):
         tag += f"-beam-{cfg.beam_size}"
+    for flag, scale, name in ((cfg.lm, cfg.lm_scale, "lm"), (cfg.lodr, cfg.lodr_scale, "lodr"),
+                              (cfg.hotwords or cfg.hotword_score, cfg.hotword_score, "hot")):
+        if flag:
+            tag += f"-{name}-{scale:g}"
     if streaming_tag:
         tag += f"-{streaming_tag}"
     if cfg.tail_padding:
@@ -189,20 +216,26 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
     exp_dir = Path(exp_dir)
     options = cfg.search()
     tag = setup.tag
+    fusion = cfg.fusion(tokenizer)
+    if fusion is not None:
+        fusion.to(setup.policy.device)
     search = None  # label looping keeps its preallocated state (and CUDA graphs) across batches
     if cfg.decoding_method == "greedy_search" and cfg.greedy_method == "label_looping" and setup.streaming is None:
         from asrprec.decoding.tdt import is_tdt
         from asrprec.decoding.tdt_label_looping import TdtLabelLoopingGreedy
 
         looping = TdtLabelLoopingGreedy if is_tdt(setup.model) else LabelLoopingGreedy
-        search = looping(setup.model, cfg.max_sym_per_frame)
+        if not (fusion is not None and is_tdt(setup.model)):  # TDT fusion: the frame-looping TDT greedy search
+            search = looping(setup.model, cfg.max_sym_per_frame)
     summary = {}
     for split, split_cuts in cuts.items():
         split_cuts, report = check_cuts(split_cuts, split=split, mode=cfg.validate_data,
                                         min_frames=setup.min_input_frames, require_transcript=False)
+        if fusion is not None:  # each cut's own phrases
+            fusion.with_cut_phrases(split_cuts, tokenizer, cfg.hotwords_field)
         results, stats = decode_dataset(setup.model, make_loader(split_cuts), tokenizer, options, setup.policy.device,
                                         streaming=setup.streaming, search=search,
-                                        whole_chunks_only=bool(cfg.tail_padding))
+                                        whole_chunks_only=bool(cfg.tail_padding), fusion=fusion)
         write_recogs(exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         left_out = report.dropped + stats["unreadable_cuts"]

@@ -14,12 +14,13 @@ import torch
 from torch import nn
 
 from ._common import decoder_step, joint_logits, model_device, sort_and_project
+from .fusion import BatchFusion, fused_greedy_tokens
 
 
 @torch.no_grad()
 def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
-                  max_sym_per_frame: int = 1, *,
-                  return_timestamps: bool = False) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+                  max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
+                  fusion: BatchFusion | None = None) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
     """Greedy transducer decoding of a batch.
 
     On each frame, take the argmax token; if it is not blank, emit it, update the decoder and try the
@@ -36,6 +37,8 @@ def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens:
         encoder_out_lens: (B,) integer valid frames per utterance; 0 is allowed (gives ``[]``).
         max_sym_per_frame: at most this many tokens per frame (>= 1).
         return_timestamps: also return, for each token, the encoder frame that emitted it.
+        fusion: LM / LODR / phrase bonuses for non-blank tokens (:mod:`asrprec.decoding.fusion`): the blank decision
+            stays the acoustic model's, the non-blank token is the best with the bonus.
     Returns:
         B lists of token ids, in the input order, without blanks and without the decoder's start context;
         with ``return_timestamps``, ``(tokens, timestamps)``: two such lists of lists, of equal lengths.
@@ -55,11 +58,15 @@ def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens:
     stamps: list[list[int]] = [[] for _ in range(B)]
     contexts = torch.full((B, C), blank, dtype=torch.int64, device=device)
     dec = decoder_step(model, contexts)  # (B, J)
+    fstate = fusion.start(torch.tensor(batch.order, device=device)) if fusion is not None else None  # (B, 4)
     for t, n in enumerate(batch.batch_sizes):
         rows = torch.arange(n, device=device)  # rows still emitting on this frame
         for _ in range(max_sym_per_frame):
             logits = joint_logits(model, enc[rows, t], dec[rows])  # (len(rows), V)
-            tokens = logits.argmax(dim=-1)
+            if fusion is None:
+                tokens = logits.argmax(dim=-1)
+            else:
+                tokens = fused_greedy_tokens(logits, fusion, fstate[rows], blank)
             emitted = tokens != blank
             rows, tokens = rows[emitted], tokens[emitted]
             if rows.numel() == 0:
@@ -69,6 +76,8 @@ def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens:
                 stamps[r].append(t)
             contexts[rows] = torch.cat([contexts[rows, 1:], tokens[:, None]], dim=1)
             dec[rows] = decoder_step(model, contexts[rows])
+            if fusion is not None:
+                fstate[rows] = fusion.step(fstate[rows], tokens)[1]
     if return_timestamps:
         return batch.unsort(hyps), batch.unsort(stamps)
     return batch.unsort(hyps)

@@ -37,11 +37,14 @@ class Hypothesis:
             values accumulated in Python floats, i.e. float64).
         timestamps: for each token, the encoder frame that emitted it (from the first alignment that
             reached this sequence; merged duplicates keep the earlier record's timestamps).
+        fusion_state: the LM / phrase states after ``tokens`` (:mod:`asrprec.decoding.fusion`; a function of the
+            tokens, so merged duplicates share it), or ``()`` without fusion.
     """
 
     tokens: tuple[int, ...] = ()
     log_prob: float = 0.0
     timestamps: tuple[int, ...] = field(default=())
+    fusion_state: tuple[int, ...] = field(default=())
 
     @property
     def key(self) -> tuple[int, ...]:

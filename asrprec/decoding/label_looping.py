@@ -39,6 +39,7 @@ from torch import nn
 from asrprec.precision.islands import autocast_dtype, autocast_without_cache
 
 from ._common import decoder_step, joint_logits, model_device, sort_and_project
+from .fusion import BatchFusion, fused_greedy_tokens
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +132,19 @@ class LabelLoopingGreedy:
         self.state: LoopState | None = None
         self._graphs: tuple | None = None
         self._key: tuple | None = None
+        self._fusion: BatchFusion | None = None  # the batch's LM / phrase fusion (eager only)
+        self._fstate: torch.Tensor | None = None  # (B_cap, 4) fusion states
+        self._order: torch.Tensor | None = None  # (B,) the sorted rows' input indices
 
     @torch.no_grad()
     def __call__(
-        self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, *, return_timestamps: bool = False
+        self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, *, return_timestamps: bool = False,
+        fusion: BatchFusion | None = None,
     ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
         """Decode a batch: encoder_out (B, T, D_enc) any float dtype, encoder_out_lens (B,) integer (0 allowed).
+
+        ``fusion``: LM / LODR / phrase bonuses (:mod:`asrprec.decoding.fusion`; the blank decision stays the acoustic
+        model's). A batch with fusion runs eagerly, without CUDA graphs (its tables change from batch to batch).
 
         Returns B token-id lists in the input order (no blanks, no start context); with ``return_timestamps``,
         ``(tokens, timestamps)`` where ``timestamps[b][i]`` is the encoder frame that emitted ``tokens[b][i]``.
@@ -148,6 +156,7 @@ class LabelLoopingGreedy:
             return (empty, [[] for _ in range(B)]) if return_timestamps else empty
         order = torch.tensor(batch.order, device=self.device)
         lens = encoder_out_lens.to(self.device, torch.int64).index_select(0, order)
+        self._fusion, self._order = fusion, order
         s = self._load(batch.encoder_proj, lens)
         self._run(s)
         n = s.n_out[:B].tolist()
@@ -180,7 +189,7 @@ class LabelLoopingGreedy:
         s.enc[: enc.shape[0], : enc.shape[1]].copy_(enc)
         s.lens.zero_()
         s.lens[: lens.shape[0]].copy_(lens)
-        if self.use_cuda_graphs and self._graphs is None:
+        if self.use_cuda_graphs and self._graphs is None and self._fusion is None:
             self._graphs = self._capture(s)
         self._reset(s)
         return s
@@ -203,7 +212,7 @@ class LabelLoopingGreedy:
 
     # -- the loop ---------------------------------------------------------------------------------
     def _run(self, s: LoopState) -> None:
-        if self._graphs is not None:
+        if self._graphs is not None and self._fusion is None:
             inner, emit = (g.replay for g in self._graphs)
         else:
             inner, emit = (lambda: self._inner(s)), (lambda: self._emit(s))
@@ -229,11 +238,18 @@ class LabelLoopingGreedy:
         s.contexts.fill_(self.blank)
         s.dec.copy_(s.dec0)
         torch.lt(s.t, s.lens, out=s.active)
+        if self._fusion is not None:  # padding rows (past the batch) take the first utterance's start state
+            rows = torch.zeros(s.enc.shape[0], dtype=torch.int64, device=self.device)
+            rows[: self._order.numel()] = self._order
+            self._fstate = self._fusion.start(rows)
 
     def _argmax(self, s: LoopState, rows: torch.Tensor) -> torch.Tensor:
         """(N,) argmax of the joiner for ``rows`` at their current frame (clamped for finished rows)."""
         frames = torch.clamp(s.t.index_select(0, rows), max=s.enc.shape[1] - 1)
-        return joint_logits(self.model, s.enc[rows, frames], s.dec.index_select(0, rows)).argmax(dim=-1)
+        logits = joint_logits(self.model, s.enc[rows, frames], s.dec.index_select(0, rows))
+        if self._fusion is None:
+            return logits.argmax(dim=-1)
+        return fused_greedy_tokens(logits, self._fusion, self._fstate.index_select(0, rows), self.blank)
 
     def _after_labels(self, s: LoopState) -> None:
         torch.logical_and(s.active, s.labels == self.blank, out=s.blank_mask)
@@ -252,7 +268,13 @@ class LabelLoopingGreedy:
         frames = s.t.index_select(0, rows)[:, None] + s.window  # (N, W): t+1 .. t+W
         inside = frames < s.lens.index_select(0, rows)[:, None]
         enc = s.enc[rows[:, None], frames.clamp(max=T - 1)]  # (N, W, J)
-        found = (joint_logits(self.model, enc, s.dec.index_select(0, rows)[:, None]).argmax(dim=-1))  # (N, W)
+        logits = joint_logits(self.model, enc, s.dec.index_select(0, rows)[:, None])  # (N, W, V)
+        found = logits.argmax(dim=-1)  # (N, W)
+        if self._fusion is not None:  # the non-blank choice with the bonus of the row's (unchanged) fusion state
+            bonus, _ = self._fusion.scores(self._fstate.index_select(0, rows))
+            fused = logits.float() + bonus[:, None, :]
+            fused[..., self.blank] = float("-inf")
+            found = torch.where(found == self.blank, found, fused.argmax(dim=-1))
         hit_at = torch.where((found != self.blank) & inside, s.window, W + 1).amin(dim=1)  # 1..W, or W+1: none
         hit = hit_at <= W
         label = found.gather(1, (hit_at - 1).clamp(max=W - 1)[:, None]).squeeze(1)
@@ -292,6 +314,10 @@ class LabelLoopingGreedy:
         s.contexts.index_copy_(0, rows, ctx)
         s.dec.index_copy_(0, rows, torch.where(emitting[:, None], decoder_step(self.model, ctx),
                                                s.dec.index_select(0, rows)))
+        if self._fusion is not None:
+            old = self._fstate.index_select(0, rows)
+            new = self._fusion.step(old, torch.where(emitting, s.labels.index_select(0, rows), self.blank))[1]
+            self._fstate.index_copy_(0, rows, torch.where(emitting[:, None], new, old))
         return a, rows, emitting
 
     # -- CUDA graphs ------------------------------------------------------------------------------
@@ -332,7 +358,8 @@ class LabelLoopingGreedy:
 def label_looping_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
                                 max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
                                 use_cuda_graphs: bool | None = None,
-                                window: int = 8) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+                                window: int = 8, fusion: BatchFusion | None = None,
+                                ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
     """Greedy transducer decoding of a batch by label looping (same results as ``greedy_search``).
 
     Legend: B utterances, T encoder frames, D_enc encoder width.
@@ -345,9 +372,10 @@ def label_looping_greedy_search(model: nn.Module, encoder_out: torch.Tensor, enc
         return_timestamps: also return, for each token, the encoder frame that emitted it.
         use_cuda_graphs, window: see :class:`LabelLoopingGreedy`. A one-off call captures its graphs anew; to
             decode many batches, keep one :class:`LabelLoopingGreedy`.
+        fusion: LM / LODR / phrase bonuses (:mod:`asrprec.decoding.fusion`).
     Returns:
         B lists of token ids in the input order, without blanks and the start context; with
         ``return_timestamps``, ``(tokens, timestamps)``.
     """
     search = LabelLoopingGreedy(model, max_sym_per_frame, use_cuda_graphs=use_cuda_graphs, window=window)
-    return search(encoder_out, encoder_out_lens, return_timestamps=return_timestamps)
+    return search(encoder_out, encoder_out_lens, return_timestamps=return_timestamps, fusion=fusion)

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ._common import check_inputs, decoder_step, joint_logits, log_softmax_fp32, model_device, sort_and_project
+from .fusion import BatchFusion, fused_greedy_tokens
 from .hypothesis import log_add
 
 __all__ = [
@@ -77,9 +78,12 @@ class StreamingTdtGreedySearch:
     Args:
         model: a TDT transducer (``joiner.durations`` non-empty), any precision.
         batch_size: B streams. max_sym_per_frame: at most this many tokens on one frame (>= 1).
+        fusion: LM / phrase bonuses for the non-blank choice (stream b is the batch's utterance b;
+            :mod:`asrprec.decoding.fusion`); the duration is the duration head's argmax either way.
     """
 
-    def __init__(self, model: nn.Module, batch_size: int, max_sym_per_frame: int = 1):
+    def __init__(self, model: nn.Module, batch_size: int, max_sym_per_frame: int = 1,
+                 fusion: BatchFusion | None = None):
         _check_max_sym(max_sym_per_frame)
         self.model = model
         self.max_sym = max_sym_per_frame
@@ -98,6 +102,9 @@ class StreamingTdtGreedySearch:
         self.dec = decoder_step(model, self.contexts) if batch_size else None  # (B, J)
         self._enc: torch.Tensor | None = None  # (B, W, J) projected frames [self._offset, self._offset + W)
         self._offset = 0
+        self.fusion = fusion
+        if fusion is not None:
+            self.fstate = fusion.to(self.device).start(torch.arange(batch_size, device=self.device))  # (B, 4)
 
     @torch.no_grad()
     def accept(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> None:
@@ -144,7 +151,12 @@ class StreamingTdtGreedySearch:
                 return
             t = self.t[rows]
             logits = joint_logits(model, self._enc[rows, t - self._offset], self.dec[rows])
-            tokens, jumps = best_token_and_jump(logits, self.vocab, self.durations, blank)
+            if self.fusion is not None:
+                tokens = fused_greedy_tokens(logits[:, : self.vocab], self.fusion, self.fstate[rows], blank)
+                jumps = self.durations[logits[:, self.vocab :].argmax(dim=-1)]
+                jumps = torch.where(tokens == blank, jumps.clamp(min=1), jumps)
+            else:
+                tokens, jumps = best_token_and_jump(logits, self.vocab, self.durations, blank)
             self.joiner_steps[rows] += 1
             emit = tokens != blank
             stay = emit & (jumps == 0)
@@ -160,12 +172,14 @@ class StreamingTdtGreedySearch:
                     self.timestamps[r].append(f)
                 self.contexts[erows] = torch.cat([self.contexts[erows, 1:], etoks[:, None]], dim=1)
                 self.dec[erows] = decoder_step(model, self.contexts[erows])
+                if self.fusion is not None:
+                    self.fstate[erows] = self.fusion.step(self.fstate[erows], etoks)[1]
 
 
 @torch.no_grad()
 def tdt_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
-                      max_sym_per_frame: int = 1, *,
-                      return_timestamps: bool = False) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+                      max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
+                      fusion: BatchFusion | None = None) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
     """Batched TDT greedy search: each utterance advances by its predicted durations (the rules in the module
     docstring); one joiner call per step for every utterance with frames left, the decoder only for those that
     emitted.
@@ -176,13 +190,14 @@ def tdt_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         encoder_out_lens: (B,) integer valid frames; 0 is allowed (gives ``[]``).
         max_sym_per_frame: at most this many tokens on one frame (>= 1).
         return_timestamps: also return, for each token, the encoder frame that emitted it.
+        fusion: LM / phrase bonuses (:class:`StreamingTdtGreedySearch`).
     Returns:
         B token-id lists in the input order (no blanks, no start context); with ``return_timestamps``,
         ``(tokens, timestamps)``.
     """
     _check_max_sym(max_sym_per_frame)
     check_inputs(encoder_out, encoder_out_lens)
-    search = StreamingTdtGreedySearch(model, encoder_out.shape[0], max_sym_per_frame)
+    search = StreamingTdtGreedySearch(model, encoder_out.shape[0], max_sym_per_frame, fusion=fusion)
     search.accept(encoder_out, encoder_out_lens)
     return (search.hyps, search.timestamps) if return_timestamps else search.hyps
 
@@ -202,6 +217,7 @@ class TdtHypothesis:
     timestamps: tuple[int, ...] = field(default=())
     frame: int = 0
     sym: int = 0
+    fusion_state: tuple[int, ...] = field(default=())
 
     def normalized_score(self, context_size: int) -> float:
         """``log_prob / (context_size + len(tokens))``, the length normalisation of
@@ -220,8 +236,8 @@ def _merge(pool: dict[tuple[int, ...], TdtHypothesis], hyp: TdtHypothesis) -> No
 
 @torch.no_grad()
 def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, beam: int = 4,
-                             max_sym_per_frame: int = 1, *, length_norm: bool = True,
-                             return_hypotheses: bool = False) -> list[list[int]] | list[list[TdtHypothesis]]:
+                             max_sym_per_frame: int = 1, *, length_norm: bool = True, return_hypotheses: bool = False,
+                             fusion: BatchFusion | None = None) -> list[list[int]] | list[list[TdtHypothesis]]:
     """Modified beam search adapted to durations, batched across utterances.
 
     icefall's ``modified_beam_search`` moves every hypothesis one frame per step; here each hypothesis waits at its
@@ -241,6 +257,8 @@ def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encode
         beam: hypotheses kept per utterance and frame (>= 1). max_sym_per_frame: tokens per frame (>= 1).
         length_norm: pick the final hypothesis by length-normalised score (icefall's choice) or raw score.
         return_hypotheses: return each utterance's finished hypotheses (best first by the chosen score).
+        fusion: LM / LODR / phrase bonuses added to the non-blank tokens' scores (:mod:`asrprec.decoding.fusion`);
+            finished hypotheses give back the bonus of an unfinished phrase.
     Returns:
         B token-id lists in the input order, or B lists of :class:`TdtHypothesis`.
     """
@@ -257,9 +275,12 @@ def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encode
     device = batch.encoder_proj.device
     lens = [sum(1 for n in batch.batch_sizes if n > i) for i in range(B)]  # sorted utterance i's frames
     # waiting[i][t]: hypotheses of sorted utterance i waiting at frame t, by label sequence
-    waiting: list[dict[int, dict[tuple[int, ...], TdtHypothesis]]] = [{0: {(): TdtHypothesis()}} if n else {}
-                                                                      for n in lens]
-    finished: list[dict[tuple[int, ...], TdtHypothesis]] = [{} if n else {(): TdtHypothesis()} for n in lens]
+    starts = ([tuple(r) for r in fusion.to(device).start(torch.tensor(batch.order, device=device)).tolist()]
+              if fusion is not None else [()] * B)
+    waiting: list[dict[int, dict[tuple[int, ...], TdtHypothesis]]] = [
+        {0: {(): TdtHypothesis(fusion_state=starts[i])}} if n else {} for i, n in enumerate(lens)]
+    finished: list[dict[tuple[int, ...], TdtHypothesis]] = [
+        {} if n else {(): TdtHypothesis(fusion_state=starts[i])} for i, n in enumerate(lens)]
     # blank with duration 0 jumps one frame; every other pair jumps its duration
     jump = [max(d, 1) if v == blank else d for v in range(V) for d in durations]  # by (token, duration) pair
 
@@ -280,6 +301,9 @@ def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encode
             logits = joint_logits(model, batch.encoder_proj[rows, t], decoder_step(model, contexts))  # (H, V + K)
             lp = log_softmax_fp32(logits[:, :V]).double()
             lp_dur = log_softmax_fp32(logits[:, V:]).double()
+            if fusion is not None:
+                bonus, next_states = fusion.scores(torch.tensor([h.fusion_state for h in hyps], device=device))
+                lp = lp + bonus.double()
             scores = torch.tensor([h.log_prob for h in hyps], dtype=torch.float64, device=device)
             cand = (scores[:, None, None] + lp[:, :, None] + lp_dur[:, None, :]).view(len(hyps), V * K)
             # the candidates of one utterance compete for `beam` places: pad into (utterances, hyps, V·K)
@@ -299,21 +323,29 @@ def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encode
                 for score, idx in zip(top_scores[j].tolist(), top_idx[j].tolist()):
                     if score == -math.inf:
                         continue
-                    src = hyps[first[u] + idx // (V * K)]
+                    h = first[u] + idx // (V * K)
+                    src = hyps[h]
                     pair = idx % (V * K)
                     tok = pair // K
                     step = jump[pair]
                     if tok == blank:
-                        new = TdtHypothesis(src.tokens, score, src.timestamps, t + step, 0)
+                        new = TdtHypothesis(src.tokens, score, src.timestamps, t + step, 0, src.fusion_state)
                     else:
                         sym = src.sym + 1 if step == 0 else 0
                         if sym >= max_sym_per_frame:
                             step, sym = 1, 0
-                        new = TdtHypothesis(src.tokens + (tok,), score, src.timestamps + (t,), t + step, sym)
+                        state = tuple(next_states[h, tok].tolist()) if fusion is not None else ()
+                        new = TdtHypothesis(src.tokens + (tok,), score, src.timestamps + (t,), t + step, sym, state)
                     if new.frame >= lens[u]:
                         _merge(finished[u], new)
                     else:
                         _merge(waiting[u].setdefault(new.frame, {}), new)
+
+    if fusion is not None:  # an unfinished phrase gives its bonus back before the final choice
+        done = [h for f in finished for h in f.values()]
+        back = fusion.final(torch.tensor([h.fusion_state for h in done], device=device)).tolist() if done else []
+        for h, v in zip(done, back):
+            h.log_prob += v
 
     def rank(h: TdtHypothesis) -> float:
         return h.normalized_score(C) if length_norm else h.log_prob
