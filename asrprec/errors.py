@@ -3,7 +3,7 @@
 Each package's error for a bad folder, file, flag or data subclasses :class:`AsrprecError` next to the built-in
 base its callers already catch (``class CorpusError(AsrprecError, ValueError)``); its message is one line that
 names the problem and the fix. :func:`asrprec.cli.run_main` ends a program on any of them with that line and exit
-code 2 (argparse's code for a bad command line) instead of a traceback, without knowing the packages that raise
+code 2 (the code of a bad command line) instead of a traceback, without knowing the packages that raise
 them.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __all__ = ["USER_ERROR_EXIT_CODE", "AsrprecError", "ResumableStop"]
 
-#: the exit code of a program ended by an :class:`AsrprecError` (as argparse ends on a bad flag)
+#: the exit code of a program ended by an :class:`AsrprecError` (as on a bad flag)
 USER_ERROR_EXIT_CODE = 2
 
 
