@@ -197,3 +197,47 @@ def test_the_lm_overturns_the_acoustic_choice_in_a_hand_made_case(tmp_path):
     for lam, want in ((0.0, [2]), (1.0, [3])):
         fusion = Fusion(vocab_size=4, lm=lm, lm_scale=lam).for_batch(["x"])
         assert ctc_prefix_beam_search(lp, one, 2, fusion=fusion) == [want]
+
+
+def test_flags_files_and_cut_phrases_reach_the_batch(tmp_path):
+    """--lm / --lodr / --hotwords are DecodeConfig fields; the files load through a real tokenizer's pieces and each
+    cut's own phrases (cut.custom or a supervision's custom) compile into that utterance's trie only."""
+    import argparse
+    from types import SimpleNamespace
+
+    from asrprec.decoding.experiment import add_decoding_args, decode_config_from_args, result_tag
+    from asrprec.lm import build_token_lm
+    from asrprec.tokenizer import Tokenizer
+
+    texts = ["the cat sat on the mat", "a dog sat on a log", "the dog and the cat"] * 20
+    tok = Tokenizer.train(texts, tmp_path / "bpe", 30)
+    build_token_lm(texts, tok, tmp_path / "lm3.arpa", 3)
+    build_token_lm(texts, tok, tmp_path / "lm2.arpa", 2)
+    (tmp_path / "hot.txt").write_text("# names\nthe cat\n\nsat on\n")
+    p = argparse.ArgumentParser()
+    add_decoding_args(p)
+    args = p.parse_args(["--epoch", "1", "--lm", str(tmp_path / "lm3.arpa"), "--lm-scale", "0.5", "--lodr",
+                         str(tmp_path / "lm2.arpa"), "--lodr-scale", "0.2", "--hotwords", str(tmp_path / "hot.txt"),
+                         "--hotword-score", "1.5"])
+    cfg = decode_config_from_args(args)
+    assert result_tag(cfg, "fp32").endswith("-lm-0.5-lodr-0.2-hot-1.5")
+    fusion = cfg.fusion(tok)
+    assert fusion.lm.order == 3 and fusion.lodr.order == 2 and fusion.lm_scale == 0.5 and fusion.lodr_scale == 0.2
+    assert sorted(fusion.phrases) == sorted(map(tuple, tok.encode(["the cat", "sat on"])))
+    cuts = [SimpleNamespace(id="c0", custom={"hotwords": "a dog|a log"}, supervisions=[]),
+            SimpleNamespace(id="c1", custom=None, supervisions=[SimpleNamespace(custom={"hotwords": ["and"]})]),
+            SimpleNamespace(id="c2", custom={}, supervisions=[])]
+    fusion.with_cut_phrases(cuts, tok)
+    batch = fusion.for_batch(["c2", "c0", "c1"])
+    states = batch.start(torch.arange(3))
+    dog = tok.encode("a dog")[0]
+    got = []
+    for row in range(3):
+        s, total = states[row : row + 1], 0.0
+        for t in dog:
+            b, s = batch.step(s, torch.tensor([t]))
+            total += float(b)
+        got.append(total)
+    lm_part = 0.5 * fusion.lm.sentence_logprob(dog, eos=False) - 0.2 * fusion.lodr.sentence_logprob(dog, eos=False)
+    assert got[0] == pytest.approx(lm_part, abs=1e-4) and got[2] == pytest.approx(lm_part, abs=1e-4)
+    assert got[1] == pytest.approx(lm_part + 1.5 * len(dog), abs=1e-4)  # only c0 has "a dog"
