@@ -10,6 +10,8 @@ the corpus generator's spawn workers start without importing torch or lhotse.
 * :func:`compute_fbank_lazy` — :mod:`asrprec.data.features`
 * :func:`load_cuts`, :func:`write_cuts`, :func:`speed_perturbed`, :func:`shuffle_manifests` — :mod:`asrprec.data.manifests`
 * LibriSpeech and MUSAN download and manifests (lhotse's recipes) — :mod:`asrprec.data.corpora`
+* a corpus of one's own (Kaldi data dirs, NeMo and lhotse manifests) as 16 kHz mono cuts — :mod:`asrprec.data.sources`
+* the stages after the manifests (speed perturbation, fbank, tokenizer) — :mod:`asrprec.data.preparation`
 * resumable downloads checked against published MD5s — :mod:`asrprec.data.download`
 * stage records (a rerun redoes only what changed) — :mod:`asrprec.data.stages`
 * :class:`CheckOptions`, :func:`check_splits` — :mod:`asrprec.data.validate`

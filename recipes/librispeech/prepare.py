@@ -30,15 +30,14 @@ import os
 import time
 from pathlib import Path
 
-from asrprec.data import compute_fbank, compute_fbank_lazy, load_cuts, shuffle_manifests, speed_perturbed, write_cuts
+from asrprec.data import compute_fbank
 from asrprec.data.corpora import (
-    LIBRISPEECH_TRAIN_PARTS, CorpusError, PreparedData, download_librispeech, download_musan, librispeech_cuts,
+    LIBRISPEECH_TRAIN_PARTS, PreparedData, download_librispeech, download_musan, librispeech_cuts,
     librispeech_manifest_paths, librispeech_parts, librispeech_transcripts, musan_noise_cuts,
     prepare_librispeech_manifests, prepare_musan_manifests,
 )
-from asrprec.data.stages import content_digest, make_unless_done
 from asrprec.data.download import OPENSLR_URL
-from asrprec.tokenizer import Tokenizer
+from asrprec.data.preparation import make_audio_cuts, make_fbank, make_shuffled_cuts, train_tokenizer
 from asrprec.cli import run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
@@ -96,46 +95,27 @@ def stage_manifests(args, data: PreparedData) -> None:
         prepare_musan_manifests(args.corpus_dir, data.manifest_dir)
 
 
-def _digests(paths, hint: str) -> dict[str, str]:
-    """The content digests of stage inputs, by file name (what a stage's record compares on a rerun)."""
-    for p in paths:
-        if not p.is_file():
-            raise FileNotFoundError(f"{p} is missing; fix: {hint}")
-    return {p.name: content_digest(p) for p in paths}
-
-
 def stage_speed_perturb(args, data: PreparedData) -> None:
     train_parts = LIBRISPEECH_TRAIN_PARTS[args.subset]
     for part in librispeech_parts(args.subset):
-        factors = args.speed_factors if part in train_parts else []
-        made_from = {"manifests": _digests(librispeech_manifest_paths(data.manifest_dir, part).values(),
-                                           "run stage 1 first"), "speed_factors": factors}
-
-        out = data.cuts(part, features=False)
-
-        def make(part=part, factors=factors, out=out):
-            cuts = librispeech_cuts(data.manifest_dir, part)
-            n = write_cuts(speed_perturbed(cuts, factors) if factors else cuts, out)
-            logging.info("%s: %d cuts -> %s", part, n, out)
-
-        make_unless_done([out], made_from, make)
+        make_audio_cuts(data.cuts(part, features=False), list(librispeech_manifest_paths(data.manifest_dir,
+                                                                                         part).values()),
+                        lambda part=part: librispeech_cuts(data.manifest_dir, part),
+                        args.speed_factors if part in train_parts else [], "run stage 1 first")
     _shuffled_train_cuts(args, data, features=False)
 
 
 def _shuffled_train_cuts(args, data: PreparedData, *, features: bool) -> None:
     parts = [data.cuts(p, features=features) for p in LIBRISPEECH_TRAIN_PARTS[args.subset]]
-    out = data.cuts(data.train_part(args.subset), features=features)
-    made_from = {"parts": _digests(parts, f"run stage {3 if features else 2} first"), "seed": args.seed}
-    make_unless_done([out], made_from, lambda: shuffle_manifests(parts, out, seed=args.seed))
+    make_shuffled_cuts(parts, data.cuts(data.train_part(args.subset), features=features), seed=args.seed,
+                       hint=f"run stage {3 if features else 2} first")
 
 
 def stage_fbank(args, data: PreparedData) -> None:
     for part in librispeech_parts(args.subset):
-        source = data.cuts(part, features=False)
-        cuts = load_cuts(source, hint="run stage 2 first")
-        compute_fbank_lazy(cuts, data.feature_storage(part), data.cuts(part), chunk_size=args.chunk_size,
-                           num_jobs=args.num_jobs, max_unreadable=args.max_bad_audio,
-                           made_from={"cuts": _digests([source], "run stage 2 first")})
+        make_fbank(data.cuts(part, features=False), data.feature_storage(part), data.cuts(part),
+                   chunk_size=args.chunk_size, num_jobs=args.num_jobs, max_bad_audio=args.max_bad_audio,
+                   hint="run stage 2 first")
     _shuffled_train_cuts(args, data, features=True)
 
 
@@ -148,14 +128,8 @@ def stage_musan(args, data: PreparedData) -> None:
 
 def stage_tokenizer(args, data: PreparedData) -> None:
     texts = librispeech_transcripts(data.manifest_dir, LIBRISPEECH_TRAIN_PARTS[args.subset])
-    prefix = data.bpe_model(args.vocab_size).with_suffix("")
-    try:
-        tokenizer = Tokenizer.train(texts, prefix, args.vocab_size, model_type=args.bpe_model_type)
-    except ValueError as e:
-        why = str(e).split("; fix:")[0]  # the tokenizer's own fix names its Python argument
-        raise CorpusError(f"stage 5: {why}. Fix: a smaller --vocab-size for prepare.py, and the same --vocab-size "
-                          "for train.py and decode.py") from None
-    logging.info("tokenizer: %s", tokenizer)
+    train_tokenizer(texts, data.bpe_model(args.vocab_size), args.vocab_size, model_type=args.bpe_model_type,
+                    stage="stage 5")
 
 
 STAGES = (stage_download, stage_manifests, stage_speed_perturb, stage_fbank, stage_musan, stage_tokenizer)
