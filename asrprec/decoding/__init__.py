@@ -17,6 +17,7 @@ from ``model.ctc_log_probs`` (:mod:`.ctc`); :func:`decode` runs them by name too
 """
 
 from .api import CTC_METHODS, METHODS, DecodingOptions, check_method, decode, decode_encoder_out
+from .batched_beam import malsd_beam_search
 from .beam_search import modified_beam_search
 from .ctc import (
     StreamingCtcGreedySearch, StreamingCtcPrefixBeamSearch, ctc_greedy_search, ctc_prefix_beam_search,
@@ -31,7 +32,7 @@ from .tdt_label_looping import TdtLabelLoopingGreedy, tdt_label_looping_greedy_s
 
 __all__ = [
     "METHODS", "DecodingOptions", "Hypothesis", "HypothesisList", "decode", "decode_dataset", "decode_encoder_out",
-    "greedy_search", "modified_beam_search", "StreamingGreedySearch", "StreamingModifiedBeamSearch",
+    "greedy_search", "modified_beam_search", "malsd_beam_search", "StreamingGreedySearch", "StreamingModifiedBeamSearch",
     "streaming_decode", "streaming_encode",
     "LabelLoopingGreedy", "label_looping_greedy_search",
     "CTC_METHODS", "check_method", "ctc_greedy_search", "ctc_prefix_beam_search", "StreamingCtcGreedySearch",

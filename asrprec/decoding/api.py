@@ -12,6 +12,7 @@ from torch import nn
 
 from asrprec.config import strict_from_dict
 
+from .batched_beam import malsd_beam_search
 from .beam_search import modified_beam_search
 from .ctc import ctc_greedy_search, ctc_prefix_beam_search
 from .fusion import BatchFusion
@@ -22,17 +23,17 @@ __all__ = ["CTC_METHODS", "METHODS", "DecodingOptions", "check_method", "decode"
 
 #: methods that read the CTC head (``model.ctc_log_probs``); every other method reads the transducer
 CTC_METHODS = ("ctc_greedy_search", "ctc_prefix_beam_search")
-METHODS = ("greedy_search", "modified_beam_search") + CTC_METHODS
+METHODS = ("greedy_search", "modified_beam_search", "malsd_batch") + CTC_METHODS
 
 
 @dataclass(frozen=True)
 class DecodingOptions:
     """How to decode.
 
-    method: ``"greedy_search"`` or ``"modified_beam_search"`` (transducer), ``"ctc_greedy_search"`` or
+    method: ``"greedy_search"``, ``"modified_beam_search"`` or ``"malsd_batch"`` (transducer, RNN-T or TDT; the last
+        is the batched ALSD beam search of :mod:`asrprec.decoding.batched_beam`), ``"ctc_greedy_search"`` or
         ``"ctc_prefix_beam_search"`` (CTC head).
-    beam: hypotheses per utterance for ``modified_beam_search`` and ``ctc_prefix_beam_search`` (icefall's
-        ``--beam-size``, default 4).
+    beam: hypotheses per utterance for the beam searches (icefall's ``--beam-size``, default 4).
     max_sym_per_frame: symbols per frame for ``greedy_search`` (icefall's default 1), and for both searches of a
         TDT model (NeMo's ``max_symbols``; see :mod:`asrprec.decoding.tdt`).
     length_norm: final choice of ``modified_beam_search`` by length-normalised score (icefall) or raw score.
@@ -86,6 +87,9 @@ def decode_encoder_out(
             return ctc_greedy_search(log_probs, encoder_out_lens, blank_id=model.blank_id)
         return ctc_prefix_beam_search(log_probs, encoder_out_lens, options.beam, blank_id=model.blank_id,
                                       fusion=fusion)
+    if options.method == "malsd_batch":  # RNN-T and TDT alike
+        return malsd_beam_search(model, encoder_out, encoder_out_lens, options.beam, options.max_sym_per_frame,
+                                 length_norm=options.length_norm, fusion=fusion)
     if is_tdt(model):  # a joiner with a duration head: the searches that jump by the predicted durations
         if options.method == "greedy_search":
             return tdt_greedy_search(model, encoder_out, encoder_out_lens, options.max_sym_per_frame, fusion=fusion)

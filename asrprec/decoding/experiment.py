@@ -44,9 +44,11 @@ class DecodeConfig:
                                 help="leave out (and report) cuts the encoder cannot take or whose files are missing; "
                                      "full also decodes every feature file first")
     decoding_method: str = option("greedy_search", choices=METHODS,
-                                  help="greedy_search / modified_beam_search decode the transducer, ctc_greedy_search "
+                                  help="greedy_search / modified_beam_search / malsd_batch (the batched ALSD beam "
+                                       "search, RNN-T and TDT) decode the transducer, ctc_greedy_search "
                                        "/ ctc_prefix_beam_search the CTC head (a hybrid model takes all four)")
-    beam_size: int = option(4, help="modified_beam_search and ctc_prefix_beam_search: hypotheses kept per utterance")
+    beam_size: int = option(4, help="modified_beam_search, malsd_batch and ctc_prefix_beam_search: hypotheses kept "
+                                    "per utterance")
     max_sym_per_frame: int = option(1, help="at most this many tokens per encoder frame: greedy_search, and both "
                                             "searches of a TDT model (NeMo's max_symbols)")
     greedy_method: str = option(DEFAULT_GREEDY_METHOD, choices=GREEDY_METHODS,
@@ -138,7 +140,7 @@ def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> st
     tag = f"{cfg.decoding_method}-epoch-{cfg.epoch}-avg-{cfg.avg}-{precision}"
     if cfg.use_averaged_model:
         tag += "-use-averaged-model"
-    if cfg.decoding_method in ("modified_beam_search", "ctc_prefix_beam_search"):
+    if cfg.decoding_method in ("modified_beam_search", "malsd_batch", "ctc_prefix_beam_search"):
         tag += f"-beam-{cfg.beam_size}"
     for flag, scale, name in ((cfg.lm, cfg.lm_scale, "lm"), (cfg.lodr, cfg.lodr_scale, "lodr"),
                               (cfg.hotwords or cfg.hotword_score, cfg.hotword_score, "hot")):

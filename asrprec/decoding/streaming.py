@@ -190,6 +190,9 @@ def streaming_decode(
     options = options or DecodingOptions()
     b = features.shape[0]
     check_method(model, options.method)
+    if options.method == "malsd_batch":
+        raise ValueError("malsd_batch decodes whole utterances; fix: stream with modified_beam_search, or decode "
+                         "without --streaming")
     if options.method in CTC_METHODS:
         if options.method == "ctc_greedy_search":
             ctc = StreamingCtcGreedySearch(b, model.blank_id)

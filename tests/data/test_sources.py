@@ -163,3 +163,28 @@ def test_kaldi_segments_and_a_lhotse_pair(corpus, tmp_path):
         again, problems = read_source(src, ImportOptions(text_norm="upper"), tmp_path / "audio")
         assert [(c.id, c.start, round(c.duration, 6), c.supervisions[0].text) for c in again] == [
             ("s1", 0.10, 0.6, "ALPHA BRAVO"), ("s2", 0.80, 0.8, "CHARLIE")]
+
+
+def test_kaldi_commands_are_run_for_their_audio(corpus, tmp_path):
+    """A wav.scp entry ending in ``|`` is a command whose output is the audio (Kaldi's extended filename), here the
+    8 kHz stereo file through cat: probed for its real rate and channels, and mixed down as a file would be."""
+    kaldi = tmp_path / "kaldi"
+    kaldi.mkdir()
+    stereo = corpus["kaldi"].parent / "audio" / "u1.wav"
+    (kaldi / "wav.scp").write_text(f"u1 cat {stereo} |\nu9 false |\n")
+    (kaldi / "text").write_text("u1 delta echo\nu9 nothing\n")
+    cuts, problems = read_source(str(kaldi), ImportOptions(), tmp_path / "audio")
+    assert [c.id for c in cuts] == ["u1"] and cuts[0].load_audio().shape == (1, round(cc.AUDIO["u1"][2] * 16000))
+    assert problems.audio == [f"{kaldi / 'wav.scp'}:2: false |: cannot be read (CalledProcessError: Command 'false' "
+                              "returned non-zero exit status 1.)"]
+
+
+def test_test_splits_are_named_after_their_source_or_by_name():
+    from asrprec.data.sources import test_split_names
+
+    assert test_split_names(["data/test_clean", "x/test-other.jsonl", "noisy=a/b.jsonl.gz", "p/r.jsonl.gz,p/s.jsonl.gz"]) \
+        == ["test_clean", "test-other", "noisy", "r"]
+    with pytest.raises(CorpusError, match=r"test split name\(s\) test are taken.*--test other=path/to/test_other"):
+        test_split_names(["a/test", "b/test.jsonl"])
+    with pytest.raises(CorpusError, match=r"name\(s\) dev are taken"):
+        test_split_names(["dev=a/x.jsonl"])

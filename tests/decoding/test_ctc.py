@@ -236,6 +236,7 @@ def test_hybrid_decodes_with_every_method(hybrid):
     assert got["ctc_greedy_search"] == want
     assert got["ctc_prefix_beam_search"] == want  # beam 1
     assert got["modified_beam_search"] == got["greedy_search"]  # beam 1 (the transducer head's own check)
+    assert got["malsd_batch"] == got["greedy_search"]  # beam 1
     assert all(len(h) == 3 for h in got.values())
 
 

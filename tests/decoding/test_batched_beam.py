@@ -1,0 +1,172 @@
+"""malsd_batch (the batched ALSD beam search): beam 1 against greedy search (RNN-T and TDT), an unpruned beam against
+the best label sequence of an exhaustive sum over every decoding path (RNN-T with forced blanks, TDT with durations
+on a joint biased to jumps of 2-4 frames), batching, fusion at scale 0, and the named method."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import pytest
+import torch
+
+from asrprec.decoding import (
+    DecodingOptions, decode_encoder_out, greedy_search, malsd_beam_search, tdt_greedy_search,
+)
+from asrprec.decoding.fusion import Fusion
+from asrprec.models import Decoder, Joiner, LossConfig, Transducer
+
+LENS = [7, 0, 12, 3, 12, 1]
+
+
+def tdt_model(kit, seed: int, durations=(0, 1, 2, 3, 4), vocab: int = 6, duration_bias=None,
+              logit_scale: float = 4.0) -> Transducer:
+    torch.manual_seed(seed)
+    dim = 16
+    joiner = Joiner(dim, dim, dim, vocab, durations=durations)
+    with torch.no_grad():
+        for lin in (joiner.encoder_proj, joiner.decoder_proj):
+            lin.weight.mul_(4.0)
+            lin.bias.mul_(4.0)
+        joiner.output_linear.weight.mul_(logit_scale)
+        joiner.output_linear.bias.mul_(logit_scale)
+        for i, b in enumerate(duration_bias or ()):
+            joiner.output_linear.bias[vocab + i] += b
+    return Transducer(kit.LinearEncoder(8, dim), Decoder(vocab, dim, blank_id=0, context_size=2), joiner,
+                      loss=LossConfig(loss="tdt", tdt_durations=durations)).eval()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("max_sym", [1, 3])
+def test_beam_1_equals_greedy(kit, seed, max_sym):
+    model = kit.make_model(seed, blank_bias=float(seed % 3) - 1.0)
+    feats, lens = kit.make_batch(seed, LENS)
+    enc, enc_lens = model.encode(feats, lens)
+    assert malsd_beam_search(model, enc, enc_lens, 1, max_sym) == greedy_search(model, enc, enc_lens, max_sym)
+    tdt = tdt_model(kit, seed)
+    enc, enc_lens = tdt.encode(feats, lens)
+    assert malsd_beam_search(tdt, enc, enc_lens, 1, max_sym) == tdt_greedy_search(tdt, enc, enc_lens, max_sym)
+
+
+@torch.no_grad()
+def _rnnt_log_probs(model, frame, tokens):
+    C, blank = model.decoder.context_size, model.decoder.blank_id
+    ctx = ([blank] * C + list(tokens))[-C:]
+    dec = model.decoder(torch.tensor([ctx]), need_pad=False)[0, 0]
+    return model.join(frame, dec).double()
+
+
+def rnnt_sequence_score(model, enc, y, S):
+    """log Σ over paths emitting y with at most S labels per frame; a frame ends with a blank (forced after S)."""
+    T, U, blank = enc.shape[0], len(y), model.decoder.blank_id
+
+    @functools.lru_cache(maxsize=None)
+    def go(t, u, s):
+        if t == T:
+            return 0.0 if u == U else -math.inf
+        lp = _rnnt_log_probs(model, enc[t], y[:u]).log_softmax(-1)
+        out = float(lp[blank]) + go(t + 1, u, 0)
+        if u < U and s < S:
+            out = _logadd(out, float(lp[y[u]]) + go(t, u + 1, s + 1))
+        return out
+
+    return go(0, 0, 0)
+
+
+def tdt_sequence_score(model, enc, y, S):
+    """log Σ over TDT paths emitting y (the rules of asrprec.decoding.tdt: blank jumps max(d, 1); a label of duration
+    0 stays, or jumps 1 when it is the S-th on its frame; a jump to or past T ends the path)."""
+    T, U, blank, V = enc.shape[0], len(y), model.decoder.blank_id, model.decoder.vocab_size
+    durations = list(model.joiner.durations)
+
+    @functools.lru_cache(maxsize=None)
+    def go(t, u, s):
+        if t >= T:
+            return 0.0 if u == U else -math.inf
+        out = _rnnt_log_probs(model, enc[t], y[:u])
+        lp, lpd = out[:V].log_softmax(-1), out[V:].log_softmax(-1)
+        total = -math.inf
+        for i, d in enumerate(durations):
+            total = _logadd(total, float(lp[blank] + lpd[i]) + go(t + max(d, 1), u, 0))
+            if u < U:
+                s2 = s + 1 if d == 0 else 0
+                j = d
+                if d == 0 and s2 >= S:
+                    j, s2 = 1, 0
+                total = _logadd(total, float(lp[y[u]] + lpd[i]) + go(t + j, u + 1, s2))
+        return total
+
+    return go(0, 0, 0)
+
+
+def _logadd(a, b):
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    m = max(a, b)
+    return m + math.log(math.exp(a - m) + math.exp(b - m))
+
+
+def _best_by_enumeration(score, labels, max_len):
+    best, best_y = -math.inf, None
+    for n in range(max_len + 1):
+        for y in itertools.product(labels, repeat=n):
+            s = score(tuple(y))
+            if s > best:
+                best, best_y = s, list(y)
+    return best_y, best
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+def test_unpruned_beam_finds_the_best_sequence_of_an_exhaustive_sum(kit, seed):
+    """A beam wider than every (sequence, frame) state prunes nothing and merges equal sequences on a frame, so its
+    best hypothesis is the label sequence with the highest probability summed over every path."""
+    S, T = 2, 3
+    model = kit.make_model(seed, vocab=3, logit_scale=1.5)
+    feats, lens = kit.make_batch(seed, [T])
+    enc, enc_lens = model.encode(feats, lens)
+    want_y, want = _best_by_enumeration(lambda y: rnnt_sequence_score(model, enc[0], y, S), (1, 2), T * S)
+    (got,), (score,) = malsd_beam_search(model, enc, enc_lens, 256, S, length_norm=False, return_scores=True)
+    assert got == want_y and score == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_tdt_durations_are_honoured(kit, seed):
+    """A joint biased to durations 2-4 (0 and 1 made unlikely): the unpruned beam's best equals the best sequence of
+    an exhaustive sum over every TDT path with those jumps; beam 1 makes greedy search's jumps."""
+    S, T = 1, 6  # one label per frame: at most T labels, so 2^(T+1) - 1 sequences, all within the beam
+    model = tdt_model(kit, seed, vocab=3, duration_bias=(-3.0, -3.0, 2.0, 2.0, 2.0), logit_scale=1.5)
+    feats, lens = kit.make_batch(seed, [T])
+    enc, enc_lens = model.encode(feats, lens)
+    want_y, want = _best_by_enumeration(lambda y: tdt_sequence_score(model, enc[0], y, S), (1, 2), T)
+    (got,), (score,) = malsd_beam_search(model, enc, enc_lens, 512, S, length_norm=False, return_scores=True)
+    assert got == want_y and score == pytest.approx(want, abs=1e-5)
+    assert malsd_beam_search(model, enc, enc_lens, 1, S) == tdt_greedy_search(model, enc, enc_lens, S)
+
+
+@pytest.mark.parametrize("beam", [2, 4])
+def test_batched_equals_one_by_one(kit, beam):
+    for model in (kit.make_model(7, blank_bias=1.0), tdt_model(kit, 7)):
+        feats, lens = kit.make_batch(7, LENS)
+        enc, enc_lens = model.encode(feats, lens)
+        batched = malsd_beam_search(model, enc, enc_lens, beam, 2)
+        for i, n in enumerate(LENS):
+            assert malsd_beam_search(model, enc[i : i + 1, :n], enc_lens[i : i + 1], beam, 2) == [batched[i]]
+
+
+def test_fusion_at_scale_zero_and_the_named_method(kit, tmp_path):
+    from asrprec.lm import estimate_kneser_ney, load_arpa, write_arpa
+
+    lm = load_arpa(write_arpa(tmp_path / "lm.arpa", estimate_kneser_ney([["a", "b", "c"], ["b", "d"]], 3)),
+                   ["<blk>", "<unk>", "a", "b", "c", "d"])
+    fusion = Fusion(vocab_size=6, lm=lm, lm_scale=0.0, lodr=lm, lodr_scale=0.0, phrases=[[2, 3]],
+                    hotword_score=0.0).for_batch([str(i) for i in range(len(LENS))])
+    model = kit.make_model(3, blank_bias=0.5)
+    feats, lens = kit.make_batch(3, LENS)
+    enc, enc_lens = model.encode(feats, lens)
+    plain = malsd_beam_search(model, enc, enc_lens, 4, 1, return_scores=True)
+    assert malsd_beam_search(model, enc, enc_lens, 4, 1, return_scores=True, fusion=fusion) == plain
+    options = DecodingOptions(method="malsd_batch", beam=4)
+    assert decode_encoder_out(model, enc, enc_lens, options) == plain[0]
