@@ -153,7 +153,8 @@ class Builder:
         if channel is None or rec.num_channels == 1:
             if rec.id not in self._mono:
                 self._mono[rec.id] = _mixed_down(rec, self.audio_dir)
-            rec, channel = self._mono[rec.id], 0
+            rec = self._mono[rec.id]
+            channel = rec.channel_ids[0]
         elif rec.sampling_rate != SAMPLE_RATE:
             rec = rec.resample(SAMPLE_RATE)
         sup = lhotse.SupervisionSegment(id=cut_id, recording_id=rec.id, start=0.0, duration=duration, channel=channel,
