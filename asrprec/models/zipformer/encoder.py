@@ -53,7 +53,8 @@ class Zipformer2(nn.Module):
                  num_heads: Sequence[int], feedforward_dim: Sequence[int], cnn_module_kernel: Sequence[int],
                  pos_dim: int, output_downsampling_factor: int = 2, warmup_batches: float = 4000.0,
                  causal: bool = False, chunk_size: Sequence[int] = (-1,),
-                 left_context_frames: Sequence[int] = (-1,), dropout: Optional[float] = None):
+                 left_context_frames: Sequence[int] = (-1,), dropout: Optional[float] = None,
+                 padding_invariant: bool = True):
         super().__init__()
         if output_downsampling_factor != 2:
             raise ValueError("output_downsampling_factor must be 2 (lengths are (L+1)//2)")
@@ -64,6 +65,9 @@ class Zipformer2(nn.Module):
         self.causal = causal
         self.chunk_size = tuple(chunk_size)
         self.left_context_frames = tuple(left_context_frames)
+        # the downsamplers fill a padded utterance's last group with its own last frame (False: with the batch's
+        # padded frames, as icefall's SimpleDownsample does; see SimpleDownsample)
+        self.padding_invariant = padding_invariant
         # feed-forward dropout: icefall's schedule (0.3 -> 0.1 over 20k batches) unless a constant rate is given
         dropout = zipformer_dropout(dropout)
         n = len(downsampling_factor)
@@ -79,7 +83,8 @@ class Zipformer2(nn.Module):
                 warmup_begin=warmup_batches * (i + 1) / (n + 1), warmup_end=warmup_batches * (i + 2) / (n + 1),
                 final_layerdrop_rate=0.035 * (downsampling_factor[i] ** 0.5))
             if downsampling_factor[i] != 1:
-                enc = DownsampledZipformer2Encoder(enc, dim=encoder_dim[i], downsample=downsampling_factor[i])
+                enc = DownsampledZipformer2Encoder(enc, dim=encoder_dim[i], downsample=downsampling_factor[i],
+                                                   padding_invariant=padding_invariant)
             encoders.append(enc)
         self.encoders = nn.ModuleList(encoders)
         self.downsample_output = SimpleDownsample(output_downsampling_factor)
@@ -168,7 +173,7 @@ class Zipformer2(nn.Module):
                        key_padding_mask=key_padding_mask)
             outputs.append(x)
         x = self._get_full_dim_output(outputs)
-        x = self.downsample_output(x, key_padding_mask)
+        x = self.downsample_output(x, key_padding_mask if self.padding_invariant else None)
         return x, torch.div(x_lens + 1, 2, rounding_mode="floor")
 
     def streaming_forward(self, x: Tensor, x_lens: Tensor, caches: Sequence[Tensor], left_context_len: int,

@@ -1,8 +1,9 @@
 """Zipformer front-end: Conv2d subsampling (100 Hz -> 50 Hz) with one ConvNeXt block.
 
 Structure follows k2-fsa/icefall ``egs/librispeech/ASR/zipformer/subsampling.py`` (Conv2dSubsampling, ConvNeXt);
-the code is ours. Difference: the ConvNeXt input is zeroed at frames past each utterance's length, so a padded
-batch gives the same valid frames as each utterance alone (the 7x7 conv otherwise sees padding-derived values).
+the code is ours. Difference (``zero_padding=True``, the default): the ConvNeXt input is zeroed at frames past
+each utterance's length, so a padded batch gives the same valid frames as each utterance alone (the 7x7 conv
+otherwise sees padding-derived values, as icefall's does; ``zero_padding=False`` computes what icefall computes).
 Layout: channels-last from the first conv on (the CPU depthwise-conv backward is several times faster), with
 the same parameters and math as icefall's NCHW code.
 """
@@ -105,11 +106,15 @@ class ZipformerConv2dSubsampling(nn.Module):
     """
 
     def __init__(self, in_channels: int, out_channels: int, layer1_channels: int = 8, layer2_channels: int = 32,
-                 layer3_channels: int = 128, dropout: FloatLike = 0.1, convnext_hidden_ratio: int = 3):
+                 layer3_channels: int = 128, dropout: FloatLike = 0.1, convnext_hidden_ratio: int = 3,
+                 zero_padding: bool = True):
         super().__init__()
         if in_channels < 7:
             raise ValueError(f"ZipformerConv2dSubsampling needs at least 7 feature bins, got {in_channels}")
         self.in_channels = in_channels
+        # zero the frames past each utterance before the ConvNeXt (False: icefall's Conv2dSubsampling.forward, whose
+        # 7x7 conv mixes the frames computed from the padding into each utterance's last 3 frames)
+        self.zero_padding = zero_padding
         self.conv = nn.Sequential(
             nn.Conv2d(1, layer1_channels, kernel_size=3, padding=(0, 1)),
             ScaleGrad(0.2),
@@ -146,11 +151,12 @@ class ZipformerConv2dSubsampling(nn.Module):
             x = conv2d(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.groups) \
                 if isinstance(layer, nn.Conv2d) else layer(x)
         out_lens = torch.div(x_lens - 7, 2, rounding_mode="floor")
-        t = x.shape[2]
-        valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)  # (B, T')
-        # (the .all() test saves a multiply when nothing is padded; an exported graph cannot branch on data)
-        if is_tracing() or not bool(valid.all()):
-            x = x * valid[:, None, :, None].to(x.dtype)
+        if self.zero_padding:
+            t = x.shape[2]
+            valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)  # (B, T')
+            # (the .all() test saves a multiply when nothing is padded; an exported graph cannot branch on data)
+            if is_tracing() or not bool(valid.all()):
+                x = x * valid[:, None, :, None].to(x.dtype)
         if self.convnext is not None:
             x = self.convnext(x)
         return self._output(x), out_lens
@@ -190,7 +196,8 @@ class ZipformerConv2dSubsampling(nn.Module):
         t = x.shape[2]
         out_lens = torch.div(x_lens - 7, 2, rounding_mode="floor").clamp(min=0, max=t)
         valid = torch.arange(t, device=x.device).unsqueeze(0) < out_lens.unsqueeze(1)
-        x = x * valid[:, None, :, None].to(x.dtype)  # as forward: frames past the utterance are zero
+        # always (whatever zero_padding says): a stream's features past its end are arbitrary
+        x = x * valid[:, None, :, None].to(x.dtype)
         if self.convnext is not None:
             x, cached_left_pad = self.convnext.streaming_forward(x, cached_left_pad)
         return self._output(x), out_lens.clamp(max=x.shape[2]), cached_left_pad

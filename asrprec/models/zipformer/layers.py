@@ -6,8 +6,8 @@ SimpleDownsample, SimpleUpsample) and ``zipformer/scaling.py`` (ChunkCausalDepth
 is ours. Layout (T, B, D): T frames, B batch, D channels.
 Differences: SimpleDownsample, given the padding mask, fills each utterance's padded frames with its last valid
 frame before grouping, so a padded batch gives exactly the outputs of each utterance alone (icefall mixes
-padding into the last group); the unused per-layer ``bypass_scale`` parameter of icefall ("TODO remove") is
-left out (embed_dim fewer parameters per layer).
+padding into the last group, as ``DownsampledZipformer2Encoder(padding_invariant=False)`` does); the unused
+per-layer ``bypass_scale`` parameter of icefall ("TODO remove") is left out (embed_dim fewer parameters per layer).
 """
 
 from __future__ import annotations
@@ -549,10 +549,13 @@ class SimpleUpsample(nn.Module):
 class DownsampledZipformer2Encoder(nn.Module):
     """Downsample by ``downsample``, run the stack, upsample, crop, and combine with the input by a bypass.
 
-    forward(src (T,B,D), chunk_size, feature_mask, attn_mask (T,T), key_padding_mask (B,T) at the input rate)."""
+    forward(src (T,B,D), chunk_size, feature_mask, attn_mask (T,T), key_padding_mask (B,T) at the input rate).
+    ``padding_invariant=False`` downsamples a padded utterance's last group with the padding's frames, as icefall's
+    DownsampledZipformer2Encoder.forward does (zipformer.py); streaming is padding-invariant either way."""
 
-    def __init__(self, encoder: Zipformer2Encoder, dim: int, downsample: int):
+    def __init__(self, encoder: Zipformer2Encoder, dim: int, downsample: int, padding_invariant: bool = True):
         super().__init__()
+        self.padding_invariant = padding_invariant
         self.downsample_factor = downsample
         self.downsample = SimpleDownsample(downsample)
         self.encoder = encoder
@@ -564,7 +567,7 @@ class DownsampledZipformer2Encoder(nn.Module):
                 attn_mask: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         src_orig = src
         ds = self.downsample_factor
-        src = self.downsample(src, key_padding_mask)
+        src = self.downsample(src, key_padding_mask if self.padding_invariant else None)
         src = self.encoder(src, chunk_size=chunk_size // ds if chunk_size > 0 else chunk_size,
                            feature_mask=feature_mask,
                            attn_mask=None if attn_mask is None else attn_mask[::ds, ::ds].contiguous(),

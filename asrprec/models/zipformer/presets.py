@@ -48,6 +48,11 @@ class ZipformerConfig:
     # chunked causal training (50 Hz frames); icefall train.py defaults
     chunk_size: Tuple[int, ...] = (16, 32, 64, -1)
     left_context_frames: Tuple[int, ...] = (64, 128, 256, -1)
+    # True: each utterance of a padded batch gets exactly the outputs it gets alone (the front-end zeroes the
+    # frames past its end before the ConvNeXt, the downsamplers repeat its last frame over the padding). False:
+    # padded frames enter both, as in icefall's zipformer.py and subsampling.py, which an imported icefall model
+    # needs to reproduce icefall's outputs for a padded batch. Streaming is padding-invariant either way.
+    padding_invariant: bool = True
 
     def __post_init__(self) -> None:
         n = len(self.downsampling_factor)
@@ -149,7 +154,8 @@ def build_from_config(cfg: ZipformerConfig) -> ZipformerEncoder:
     c1, c2, c3 = cfg.frontend_channels
     embed = ZipformerConv2dSubsampling(cfg.num_features, cfg.encoder_dim[0], layer1_channels=c1,
                                        layer2_channels=c2, layer3_channels=c3, dropout=zipformer_dropout(cfg.dropout),
-                                       convnext_hidden_ratio=cfg.convnext_hidden_ratio)
+                                       convnext_hidden_ratio=cfg.convnext_hidden_ratio,
+                                       zero_padding=cfg.padding_invariant)
     enc = Zipformer2(
         downsampling_factor=cfg.downsampling_factor, encoder_dim=cfg.encoder_dim,
         num_encoder_layers=cfg.num_encoder_layers, encoder_unmasked_dim=cfg.encoder_unmasked_dim,
@@ -158,7 +164,8 @@ def build_from_config(cfg: ZipformerConfig) -> ZipformerEncoder:
         pos_dim=cfg.pos_dim, output_downsampling_factor=cfg.output_downsampling_factor,
         warmup_batches=cfg.warmup_batches, causal=cfg.causal,
         chunk_size=cfg.chunk_size if cfg.causal else (-1,),
-        left_context_frames=cfg.left_context_frames if cfg.causal else (-1,), dropout=cfg.dropout)
+        left_context_frames=cfg.left_context_frames if cfg.causal else (-1,), dropout=cfg.dropout,
+        padding_invariant=cfg.padding_invariant)
     model = ZipformerEncoder(embed, enc, cfg.num_features)
     model.config = cfg
     return model
