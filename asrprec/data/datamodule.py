@@ -32,6 +32,7 @@ import torch
 from asrprec._optional import require
 from asrprec.config import option, strict_from_dict
 from asrprec.data.validate import filter_by_duration
+from asrprec.precision.batch_plan import CALIBRATION_SAFETY
 from asrprec.rng import seed_from, seeded_rng
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,17 @@ class DataConfig:
     # defaults. They matter for lazily read manifests, where a sampler sees only this many cuts at a time.
     bucketing_buffer_size: int | None = None
     shuffle_buffer_size: int | None = None
+    # batches sized by memory (asrprec.precision.batch_plan; asrprec.training.batch_plan applies them)
+    max_memory: str = option(
+        "", metavar="SIZE",
+        help="size each duration bucket's batch to the most utterances whose projected training step fits SIZE per "
+             "GPU (40GB, 40GiB, or 0.9 of the detected GPU), instead of one --max-duration for every bucket; the plan "
+             "is written to --exp-dir/batch_plan.json, and a resumed run keeps it")
+    plan_only: bool = option(False, help="with --max-memory: print the batch plan and exit")
+    memory_safety: float = option(
+        CALIBRATION_SAFETY, help="with --max-memory: the projected step is kept under SIZE x this (projected / "
+                                 "measured peak; the default is the icefall calibration's lower ratio, a GPU run's "
+                                 "own ratio from benchmarks/gpu_check.sh replaces it)")
 
     def __post_init__(self) -> None:
         if isinstance(self.spec_augment_config, dict):
@@ -114,6 +126,10 @@ class DataConfig:
             raise ValueError(f"num_buckets must be >= 1, got {self.num_buckets}")
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if not 0 < self.memory_safety <= 1:
+            raise ValueError(f"memory_safety must be in (0, 1] (projected / measured peak), got {self.memory_safety}")
+        if self.plan_only and not self.max_memory:
+            raise ValueError("--plan-only prints the plan of --max-memory; fix: add --max-memory SIZE")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DataConfig":
@@ -457,20 +473,31 @@ class AsrDataModule:
             if seed is not None else None,
         )
 
-    def train_dataloader(self, cuts: Any, sampler_state: dict[str, Any] | None = None) -> torch.utils.data.DataLoader:
+    def train_dataloader(self, cuts: Any, sampler_state: dict[str, Any] | None = None,
+                         batch_plan: Any | None = None) -> torch.utils.data.DataLoader:
         """Shuffled, duration-filtered, bucketed batches with SpecAugment (if enabled).
 
         ``sampler_state``: a :meth:`sampler_state_dict` from a checkpoint, to resume mid-epoch.
+        ``batch_plan``: a :class:`asrprec.precision.batch_plan.BatchPlan`: its buckets and batch sizes replace
+        ``max_duration`` and ``num_buckets`` (:func:`asrprec.data.buckets.planned_sampler`).
         Call ``loader.sampler.set_epoch(epoch)`` at the start of each epoch for a new shuffle.
         """
         c = self.config
         log.info("training augmentation: %s", describe_augmentation(c, cuts))
         cuts, duration_drops = _filter_durations(cuts, c.min_cut_s, c.max_cut_s)
-        sampler = _bucketing_sampler(
-            cuts, max_duration=c.max_duration, shuffle=c.shuffle, num_buckets=c.num_buckets, drop_last=c.drop_last,
-            seed=c.seed, buffer_size=c.bucketing_buffer_size, shuffle_buffer_size=c.shuffle_buffer_size,
-            rank=self.rank, world_size=self.world_size,
-        )
+        common = dict(shuffle=c.shuffle, drop_last=c.drop_last, seed=c.seed, rank=self.rank,
+                      world_size=self.world_size)
+        if batch_plan is not None:
+            from asrprec.data.buckets import planned_sampler
+
+            buffers = {k: v for k, v in (("buffer_size", c.bucketing_buffer_size),
+                                         ("shuffle_buffer_size", c.shuffle_buffer_size)) if v is not None}
+            sampler = planned_sampler(cuts, batch_plan.edges, batch_plan.batch_sizes,
+                                      mean_batch_seconds=batch_plan.mean_batch_seconds(), **buffers, **common)
+        else:
+            sampler = _bucketing_sampler(cuts, max_duration=c.max_duration, num_buckets=c.num_buckets,
+                                         buffer_size=c.bucketing_buffer_size,
+                                         shuffle_buffer_size=c.shuffle_buffer_size, **common)
         if sampler_state is not None:
             sampler.load_state_dict(sampler_state)
         self.train_sampler = sampler

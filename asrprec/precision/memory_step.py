@@ -93,7 +93,8 @@ class StepMemory:
     ``gradients``: the ``.grad`` of every parameter at the end of backward (freed by ``zero_grad``).
     ``forward_end``: live at the end of the forward (persistent + what autograd saved + the loss's tensors).
     ``peak``: the most live at once over forward, backward and update (DDP buckets included);
-    ``peak_phase``: where it happened. ``optimizer_peak``: the most live during ``optimizer.step``.
+    ``peak_phase``: where it happened. ``optimizer_peak``: the most live during ``optimizer.step``;
+    ``backward_peak``: over forward and backward (both with the DDP buckets).
     ``cuda_autocast_extra``: see the module docstring (0 when the policy does not autocast or it was not run).
     """
 
@@ -110,6 +111,7 @@ class StepMemory:
     peak: int = 0
     peak_phase: str = ""
     optimizer_peak: int = 0
+    backward_peak: int = 0
     cuda_autocast_extra: int = 0
     bucket_sizes: list = field(default_factory=list)
 
@@ -243,6 +245,7 @@ def project_step(
     res.peak, res.peak_phase = max((backward_peak, "forward+backward"), (res.optimizer_peak, "optimizer step"))
     res.peak += res.ddp_buckets
     res.optimizer_peak += res.ddp_buckets
+    res.backward_peak = backward_peak + res.ddp_buckets
     res.forward_end += res.ddp_buckets
     if fake and cuda_forward and pol.autocast_enabled:
         cpu_fwd = _forward_live(build_model, make_batch, loss_fn, pol, cpu, tracker.scalar, block)

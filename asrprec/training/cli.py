@@ -20,7 +20,8 @@ from asrprec.devices import get_rank, is_main_process, resolve_device  # noqa: F
 from .config import TrainConfig
 
 #: the DataConfig fields that are flags (the other fields are a recipe's decisions)
-DATA_FLAGS = ("max_duration", "num_buckets", "num_workers", "on_the_fly_feats", "spec_augment")
+DATA_FLAGS = ("max_duration", "num_buckets", "num_workers", "on_the_fly_feats", "spec_augment", "max_memory",
+              "plan_only", "memory_safety")
 
 
 def add_model_args(p: argparse.ArgumentParser, **defaults: Any) -> None:

@@ -62,6 +62,7 @@ from .oom import (
 from .reporting import (
     LOSS_COMPONENTS,
     SummaryWriterOrNull,
+    add_padding,
     epoch_stats,
     log_epoch,
     log_run_start,
@@ -260,6 +261,7 @@ def _train_on(batch: dict[str, Any], e: _Epoch) -> None:
         if k in info:
             progress.tot_parts[k] = progress.tot_parts.get(k, 0.0) + info[k]
     e.window["frames"] += batch["features"].shape[0] * batch["features"].shape[1]
+    add_padding(progress.padding, batch, e.tokenizer)
     if log_now:
         log_step(info, epoch=state.epoch, batch_idx_train=state.batch_idx_train, optimizer=e.optimizer,
                  scaler=e.scaler, policy=e.policy, writer=e.writer, window=e.window)

@@ -14,6 +14,7 @@ from asrprec.experiment import prepare_experiment
 from asrprec.cli import policy_from_args
 from asrprec.devices import get_rank
 
+from .batch_plan import batches_for_run
 from .cli import announce, begin_training, build_model_from_args, data_config_from_args, model_options_from_args
 from .loop import train
 
@@ -47,15 +48,21 @@ def train_from_args(args: argparse.Namespace, *, tokenizer_path: str | Path | Ca
     cfg = begin_training(args)
     tokenizer = Tokenizer(tokenizer_path() if callable(tokenizer_path) else tokenizer_path)
     model, model_config = build_model_from_args(args, tokenizer, **model_kwargs)
-    prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
+    resume_from = prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
     cuts, checks = check_splits(load_splits(), dataclass_from_args(CheckOptions, args), tokenizer,
                                 model.min_input_frames)
     decisions = dict(data_decisions or {})
     spec_augment = model_options_from_args(args).data_spec_augment(decisions.pop("spec_augment", args.spec_augment))
     data = AsrDataModule(data_config_from_args(args, spec_augment=spec_augment, **decisions))
     policy = policy_from_args(args)
+    plan = batches_for_run(model, model_options=model_options_from_args(args), policy=policy, train_cfg=cfg,
+                           data_cfg=data.config, cuts=cuts["train"], tokenizer=tokenizer,
+                           resuming=resume_from is not None)  # None without --max-memory
+    if data.config.plan_only:
+        return
     announce(args, model, policy)
     record = {**(data_record or {}), "spec_augment": spec_augment, "checks": checks}
-    train(model=model, policy=policy, tokenizer=tokenizer, train_dl=data.train_dataloader(cuts["train"]),
+    train(model=model, policy=policy, tokenizer=tokenizer,
+          train_dl=data.train_dataloader(cuts["train"], batch_plan=plan),
           valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
           config_for_checkpoint={"data": record})

@@ -29,6 +29,17 @@ SUMMED_STATS = ("loss", "frames", "utterances", "simple_loss", "pruned_loss", "t
 # the loss components logged per frame besides the total (train/<name> in tensorboard, train_<name> per epoch in
 # history.json): the transducer's, the CTC head's and CR-CTC's consistency term, each unscaled
 LOSS_COMPONENTS = ("simple_loss", "pruned_loss", "transducer_loss", "ctc_loss", "cr_loss")
+# EpochProgress.padding's sums (asrprec.data.buckets.PaddingTotals)
+PADDING_SUMS = ("frames", "padded_frames", "joint", "padded_joint")
+
+
+def add_padding(totals: dict[str, float], batch: dict[str, Any], tokenizer) -> None:
+    """Add a training batch's padding (:func:`asrprec.data.buckets.batch_padding`) to ``totals``."""
+    from asrprec.data.buckets import batch_padding
+
+    pad = batch_padding(batch["feature_lens"], [len(t) for t in tokenizer.encode(batch["texts"])])
+    for k in PADDING_SUMS:
+        totals[k] = totals.get(k, 0.0) + getattr(pad, k)
 
 
 class SummaryWriterOrNull:
@@ -129,8 +140,12 @@ def epoch_stats(progress: EpochProgress) -> dict[str, Any]:
     names = sorted(progress.tot_parts)
     tot_loss, tot_frames, dropped, *parts = sum_over_ranks(progress.tot_loss, progress.tot_frames,
                                                            progress.dropped_cuts,
-                                                           *(progress.tot_parts[k] for k in names))
+                                                           *(progress.tot_parts[k] for k in names),
+                                                           *(progress.padding.get(k, 0.0) for k in PADDING_SUMS))
+    parts, (frames, padded_frames, joint, padded_joint) = parts[:len(names)], parts[len(names):]
     return {"train_loss": tot_loss / max(tot_frames, 1.0),
+            "padding_frames": padded_frames / frames if frames else 0.0,
+            "padding_joint": padded_joint / joint if joint else 0.0,
             **{f"train_{k}": v / max(tot_frames, 1.0) for k, v in zip(names, parts)},
             "epoch_seconds": progress.seconds, "batches": progress.batches_done, "steps": progress.steps,
             "skipped_batches": dict(progress.skipped), "dropped_cuts": int(dropped)}
@@ -145,3 +160,8 @@ def log_epoch(epoch: int, stats: dict[str, Any], *, batch_idx_train: int, writer
     log.info("epoch %d done in %.1f s: train loss %.4f, valid loss %.4f (per frame), peak memory %.0f MB%s", epoch,
              stats["epoch_seconds"], stats["train_loss"], stats["valid_loss"], stats["peak_memory_mb"],
              f"; skipped batches {stats['skipped_batches']}" if stats["skipped_batches"] else "")
+    if "padding_frames" in stats:
+        log.info("epoch %d padding: %.1f %% of the frames, %.1f %% of the joint cells (T x (U+1)) are padding", epoch,
+                 100 * stats["padding_frames"], 100 * stats["padding_joint"])
+        writer.add_scalar("train/padding_frames", stats["padding_frames"], batch_idx_train)
+        writer.add_scalar("train/padding_joint", stats["padding_joint"], batch_idx_train)

@@ -63,6 +63,7 @@ class EpochProgress:
     tot_loss: float = 0.0
     tot_frames: float = 0.0
     tot_parts: dict[str, float] = field(default_factory=dict)  # loss component -> its sum (reporting.LOSS_COMPONENTS)
+    padding: dict[str, float] = field(default_factory=dict)  # asrprec.data.buckets.PaddingTotals of trained batches
     seconds: float = 0.0
     last_cut_ids: list[str] = field(default_factory=list)  # sorted ids of the last consumed batch (check on resume)
     epoch_done: bool = False

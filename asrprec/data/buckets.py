@@ -1,0 +1,139 @@
+"""Duration buckets of a corpus, batches of a fixed size per bucket, and the padding a batch carries.
+
+:func:`corpus_buckets` places lhotse's bucket boundaries (``estimate_duration_buckets``: equal total audio per
+bucket, as ``DynamicBucketingSampler`` places them) and counts each bucket's cuts, audio and longest transcript.
+:func:`planned_sampler` is lhotse's ``DynamicBucketingSampler`` with ``FixedBucketBatchSizeConstraint``: a batch
+size per bucket instead of one ``max_duration`` (NeMo sizes its buckets the same way: NVIDIA/NeMo
+``nemo/collections/common/data/lhotse/dataloader.py``, ``bucket_batch_size``). :func:`batch_padding` counts what a
+batch pads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+__all__ = ["BucketStats", "PaddingTotals", "batch_padding", "corpus_buckets", "planned_sampler"]
+
+
+@dataclass(frozen=True)
+class BucketStats:
+    """Cuts with ``min_duration < duration <= max_duration``: their count, total seconds and most tokens."""
+
+    max_duration: float
+    min_duration: float
+    cuts: int
+    seconds: float
+    max_tokens: int
+
+
+def corpus_buckets(cuts: Any, num_buckets: int, *, count_tokens: Optional[Callable[[str], int]] = None,
+                   tokens_per_second: float = 0.0, look: int = 100_000) -> list[BucketStats]:
+    """The duration buckets of ``cuts`` (the first ``look`` of a lazy set): lhotse's boundaries, each bucket's
+    upper edge its longest cut. Tokens: ``count_tokens(text)`` of each cut's transcript, else ``tokens_per_second``
+    × duration (an assumption)."""
+    from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
+
+    rows = []
+    for cut in itertools.islice(iter(cuts), look):
+        text = " ".join((s.text or "") for s in cut.supervisions).strip()
+        n = count_tokens(text) if count_tokens is not None else int(round(tokens_per_second * cut.duration))
+        rows.append((float(cut.duration), max(1, n)))
+    if not rows:
+        raise ValueError("no cuts to place duration buckets on")
+    rows.sort()
+    k = max(1, min(num_buckets, len(rows) // 2))
+
+    class _D:  # estimate_duration_buckets measures .duration
+        def __init__(self, d):
+            self.duration = d
+
+    bins = estimate_duration_buckets([_D(d) for d, _ in rows], num_buckets=k) if k > 1 else []
+    edges = sorted(set(bins))
+    out, start = [], 0
+    lower = 0.0
+    for edge in [*edges, float("inf")]:
+        # lhotse's bucket i holds bins[i-1] <= d < bins[i]: a cut equal to an edge opens the next bucket
+        end = next((j for j in range(start, len(rows)) if rows[j][0] >= edge), len(rows))
+        part = rows[start:end]
+        if part:
+            out.append(BucketStats(max_duration=part[-1][0], min_duration=lower, cuts=len(part),
+                                   seconds=sum(d for d, _ in part), max_tokens=max(n for _, n in part)))
+            lower = part[-1][0]
+        start = end
+    return out
+
+
+def planned_sampler(cuts: Any, max_durations: Sequence[float], batch_sizes: Sequence[int], *,
+                    mean_batch_seconds: Optional[float] = None, **kwargs: Any) -> Any:
+    """lhotse's ``DynamicBucketingSampler`` with ``batch_sizes[k]`` cuts per batch of bucket k, bucket k holding
+    ``max_durations[k-1] < duration <= max_durations[k]``; cuts longer than the last edge are an error of the caller
+    (filter them first). ``mean_batch_seconds``: the plan's seconds of audio per batch, offered as the constraint's
+    ``max_duration`` to what counts schedules in audio (:func:`asrprec.training.oom.sampler_max_duration`).
+    ``kwargs``: the sampler's (shuffle, drop_last, seed, rank, world_size, buffer sizes)."""
+    from lhotse.dataset import DynamicBucketingSampler
+    from lhotse.dataset.sampling.dynamic_bucketing import FixedBucketBatchSizeConstraint
+
+    class PlannedBucketingSampler(DynamicBucketingSampler):
+        """Keeps ``state_dict`` (lhotse refuses it for a custom constraint; the constraint here is fixed by the
+        plan, so the position is all there is to save)."""
+
+        def state_dict(self) -> dict[str, Any]:
+            constraint, self.constraint = self.constraint, None
+            try:
+                return super().state_dict()
+            finally:
+                self.constraint = constraint
+
+    edges = [float(e) for e in max_durations]
+    constraint = FixedBucketBatchSizeConstraint(max_seq_len_buckets=edges, batch_sizes=[int(b) for b in batch_sizes])
+    if mean_batch_seconds is not None:  # an attribute, not a field: lhotse's state_dict of the constraint is unchanged
+        constraint.max_duration = float(mean_batch_seconds)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
+        # lhotse opens one more bucket past the last edge; the caller's duration filter leaves it empty
+        return PlannedBucketingSampler(cuts, constraint=constraint, duration_bins=edges, **kwargs)
+
+
+@dataclass
+class PaddingTotals:
+    """Sums over batches: frames (all, padded) and joint cells (all, padded). A joint cell is one (frame, token
+    row) of the transducer lattice, (T, U + 1) per utterance, computed once per padded cell."""
+
+    frames: float = 0.0
+    padded_frames: float = 0.0
+    joint: float = 0.0
+    padded_joint: float = 0.0
+
+    def add(self, other: "PaddingTotals") -> None:
+        self.frames += other.frames
+        self.padded_frames += other.padded_frames
+        self.joint += other.joint
+        self.padded_joint += other.padded_joint
+
+    @property
+    def frame_fraction(self) -> float:
+        return self.padded_frames / self.frames if self.frames else 0.0
+
+    @property
+    def joint_fraction(self) -> float:
+        return self.padded_joint / self.joint if self.joint else 0.0
+
+
+def batch_padding(frame_lens: torch.Tensor | Sequence[int], token_lens: torch.Tensor | Sequence[int]) -> PaddingTotals:
+    """What a batch pads. Legend: B utterances; ``frame_lens`` (B,) valid frames, ``token_lens`` (B,) tokens.
+
+    The batch is (B, max T) frames and (B, max T, max U + 1) joint cells; the padded ones are those beyond each
+    utterance's own T and (T, U + 1)."""
+    t = torch.as_tensor(frame_lens, dtype=torch.float64).reshape(-1)
+    u = torch.as_tensor(token_lens, dtype=torch.float64).reshape(-1)
+    if t.numel() == 0:
+        return PaddingTotals()
+    frames = float(t.numel() * t.max())
+    joint = float(t.numel() * t.max() * (u.max() + 1))
+    return PaddingTotals(frames=frames, padded_frames=frames - float(t.sum()), joint=joint,
+                         padded_joint=joint - float((t * (u + 1)).sum()))

@@ -1,0 +1,152 @@
+"""Duration buckets of a corpus, the planned per-bucket sampler, and padding accounting, each against a count made
+here from the cuts or by hand."""
+
+import importlib.util
+import math
+import random
+from pathlib import Path
+
+import pytest
+from lhotse import CutSet, SupervisionSegment
+from lhotse.testing.dummies import dummy_cut
+
+from asrprec.data.buckets import PaddingTotals, batch_padding, corpus_buckets, planned_sampler
+from asrprec.data.datamodule import AsrDataModule, DataConfig
+
+_spec = importlib.util.spec_from_file_location(
+    "asrprec_tests_ddp_worker_b", Path(__file__).resolve().parents[1] / "training" / "_ddp_worker.py")
+W = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(W)
+
+
+def cuts_of(durations, words=None):
+    out = []
+    for i, d in enumerate(durations):
+        c = dummy_cut(i, duration=d, recording_duration=d)
+        c.supervisions = [SupervisionSegment(id=f"s{i}", recording_id=c.recording_id, start=0.0, duration=d,
+                                             text=" ".join(["w"] * (words[i] if words else 1)))]
+        out.append(c)
+    return CutSet.from_cuts(out)
+
+
+def test_padding_of_a_hand_made_batch():
+    # frames 10, 7, 3 and tokens 2, 4, 1: the batch is 3 x 10 frames (30) and 3 x 10 x 5 joint cells (150);
+    # valid frames 20, valid cells 10x3 + 7x5 + 3x2 = 71
+    p = batch_padding([10, 7, 3], [2, 4, 1])
+    assert (p.frames, p.padded_frames, p.joint, p.padded_joint) == (30, 10, 150, 79)
+    assert p.frame_fraction == pytest.approx(1 / 3) and p.joint_fraction == pytest.approx(79 / 150)
+    none = batch_padding([5, 5], [3, 3])
+    assert none.padded_frames == 0 and none.padded_joint == 0
+    tot = PaddingTotals()
+    tot.add(p)
+    tot.add(none)
+    assert tot.frame_fraction == pytest.approx(10 / 40) and tot.joint_fraction == pytest.approx(79 / 190)
+    assert batch_padding([], []).frames == 0
+
+
+def test_epoch_padding_in_the_training_report():
+    from asrprec.training.reporting import add_padding
+
+    class Chars:  # one token per character
+        def encode(self, texts):
+            return [[1] * len(t) for t in texts]
+
+    totals = {}
+    import torch
+
+    add_padding(totals, {"feature_lens": torch.tensor([10, 7, 3]), "texts": ["ab", "abcd", "a"]}, Chars())
+    add_padding(totals, {"feature_lens": torch.tensor([5, 5]), "texts": ["abc", "abc"]}, Chars())
+    assert totals == {"frames": 40, "padded_frames": 10, "joint": 190, "padded_joint": 79}
+
+
+def test_corpus_buckets_against_a_count_of_the_cuts():
+    rng = random.Random(0)
+    durations = [round(rng.uniform(1, 20), 2) for _ in range(400)]
+    words = [rng.randint(1, 30) for _ in durations]
+    stats = corpus_buckets(cuts_of(durations, words), 6, count_tokens=lambda t: len(t.split()))
+    assert 2 <= len(stats) <= 6
+    assert sum(s.cuts for s in stats) == 400
+    lower = 0.0
+    for s in stats:
+        inside = [i for i, d in enumerate(durations) if lower < d <= s.max_duration]
+        assert len(inside) == s.cuts and s.min_duration == lower
+        assert s.max_duration == max(durations[i] for i in inside)
+        assert s.seconds == pytest.approx(sum(durations[i] for i in inside))
+        assert s.max_tokens == max(words[i] for i in inside)
+        lower = s.max_duration
+    # lhotse's buckets hold about equal audio each
+    assert max(s.seconds for s in stats) < 2.2 * min(s.seconds for s in stats)
+    assumed = corpus_buckets(cuts_of(durations), 6, tokens_per_second=3.0)
+    assert assumed[-1].max_tokens == round(3.0 * max(durations))
+
+
+def test_planned_sampler_serves_each_bucket_its_batch_size():
+    rng = random.Random(1)
+    durations = [round(rng.uniform(1, 20), 2) for _ in range(300)]
+    edges, sizes = [5.0, 12.0, 20.0], [9, 4, 2]
+    sampler = planned_sampler(cuts_of(durations), edges, sizes, shuffle=True, drop_last=True, seed=0,
+                              mean_batch_seconds=33.0)
+    seen = 0
+    for batch in sampler:
+        ds = [c.duration for c in batch]
+        k = next(j for j, e in enumerate(edges) if max(ds) <= e)
+        assert all((edges[k - 1] if k else 0.0) < d <= edges[k] for d in ds)  # one bucket per batch
+        assert len(ds) == sizes[k]  # drop_last: every batch full
+        seen += len(ds)
+    assert seen > 250
+    assert sampler.constraint.max_duration == 33.0
+    from asrprec.training.oom import sampler_max_duration
+
+    assert sampler_max_duration(sampler) == 33.0  # what the schedules count by
+
+
+def test_planned_sampler_state_resumes_the_same_batches():
+    durations = [1 + (i * 7919 % 1900) / 100 for i in range(200)]
+    cuts = cuts_of(durations)
+
+    def make():
+        return planned_sampler(cuts, [8.0, 20.0], [5, 3], shuffle=True, drop_last=False, seed=3)
+
+    full = [[c.id for c in b] for b in make()]
+    s = make()
+    it = iter(s)
+    first = [[c.id for c in next(it)] for _ in range(4)]
+    state = s.state_dict()
+    again = make()
+    again.load_state_dict(state)
+    rest = [[c.id for c in b] for b in again]
+    assert first + rest == full
+
+
+def test_datamodule_uses_the_plan():
+    from asrprec.precision.batch_plan import BatchPlan, CostFit, PlannedBucket
+
+    cuts = W.memory_cuts(40)
+    plan = BatchPlan(buckets=[PlannedBucket(1.2, 6, 1), PlannedBucket(2.0, 3, 1)], budget_bytes=1, safety=0.7,
+                     fit=CostFit(0, 0, 0, 0, 1, 0, 0))
+    dm = AsrDataModule(DataConfig(spec_augment=False, min_cut_s=0.0, max_cut_s=2.0))
+    loader = dm.train_dataloader(cuts, batch_plan=plan)
+    n = 0
+    for b in loader:
+        longest = float(b["feature_lens"].max()) / 100
+        assert len(b["cut_ids"]) <= (6 if longest <= 1.2 else 3)
+        n += len(b["cut_ids"])
+    assert n == 40
+    assert math.isclose(loader.sampler.constraint.max_duration, plan.mean_batch_seconds())
+
+
+def test_memory_flags_reach_the_recipes():
+    import importlib.util as iu
+
+    from asrprec.training.cli import data_config_from_args
+
+    root = Path(__file__).resolve().parents[2]
+    for recipe in ("espeak", "librispeech"):
+        spec = iu.spec_from_file_location(f"r_{recipe}", root / "recipes" / recipe / "train.py")
+        mod = iu.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        args = mod.get_parser().parse_args(["--max-memory", "40GiB", "--plan-only", "--memory-safety", "0.9"])
+        cfg = data_config_from_args(args)
+        assert (cfg.max_memory, cfg.plan_only, cfg.memory_safety) == ("40GiB", True, 0.9)
+        with pytest.raises(SystemExit, match="--plan-only prints the plan of --max-memory"):
+            data_config_from_args(mod.get_parser().parse_args(["--plan-only"]))
