@@ -73,7 +73,7 @@ def _layout() -> tuple[int, int]:
 
 
 def rank_device(name: str | None = None) -> torch.device:
-    """The device this process trains on: ``name`` (``cpu``, ``cuda``, ``cuda:1``; default cuda if available,
+    """The device this process runs on: ``name`` (``cpu``, ``cuda``, ``cuda:1``; default cuda if available,
     else cpu), where ``cuda`` means ``cuda:LOCAL_RANK`` when torchrun started several processes."""
     device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
     local_rank, world = _layout()
