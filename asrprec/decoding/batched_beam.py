@@ -22,9 +22,10 @@ the code is ours). The B × K hypotheses (K = beam) each keep their own frame po
    different futures; the sequences are compared by a 64-bit rolling hash with their lengths and last labels).
 
 The loop ends when every hypothesis is finished; the result is the best by length-normalised score (icefall's rule,
-as :func:`asrprec.decoding.modified_beam_search`) or raw score. Each step has static shapes (the host reads one
-flag: any hypothesis active?), the structure a CUDA graph captures (label looping's ``no_while_loops`` mode); here it
-runs eagerly. With K = 1 it makes greedy search's decisions.
+as :func:`asrprec.decoding.modified_beam_search`) or raw score. On a CUDA device each step has static shapes (the
+host reads one flag: any hypothesis active?), the structure a CUDA graph captures (label looping's ``no_while_loops``
+mode; here it runs eagerly); elsewhere the joiner runs only for active hypotheses and the decoder only for those
+that took a label. With K = 1 it makes greedy search's decisions.
 
 Legend: B utterances, K beam, T encoder frames, J joiner width, V vocabulary (blank included), D durations,
 L the longest label sequence (T · max_sym_per_frame), C the decoder's context size.
@@ -95,6 +96,7 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
     dec = decoder_step(model, contexts)  # (B·K, J)
     fstate = fusion.start(order).repeat_interleave(K, dim=0).view(B, K, 4) if fusion is not None else None
     rows = torch.arange(B, device=device)[:, None].expand(B, K)
+    static = device.type == "cuda"  # every row at every step (CUDA-graph shapes); eagerly only the rows that move
     earlier = torch.arange(K, device=device)[None, None, :] < torch.arange(K, device=device)[None, :, None]
     if tdt:
         dur = torch.tensor(durations, **i64)
@@ -108,7 +110,13 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         if not bool(active.any()):  # the one host read per step
             break
         frames = t.clamp(max=T - 1)
-        logits = joint_logits(model, enc[rows, frames].reshape(B * K, -1), dec)  # (B·K, V [+ D])
+        if static:
+            logits = joint_logits(model, enc[rows, frames].reshape(B * K, -1), dec)  # (B·K, V [+ D])
+        else:  # eager: the joiner only for the active hypotheses (the others' rows are masked below)
+            live = active.view(-1).nonzero().squeeze(1)
+            part = joint_logits(model, enc[rows, frames].reshape(B * K, -1).index_select(0, live),
+                                dec.index_select(0, live))
+            logits = part.new_zeros(B * K, part.shape[-1]).index_copy(0, live, part)
         lp = log_softmax_fp32(logits[:, :V]).double()
         if fusion is not None:
             bonus, next_fstate = fusion.scores(fstate.view(B * K, 4))  # (B·K, V), (B·K, V, 4)
@@ -167,7 +175,12 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         e = emit.view(-1)
         new_ctx = torch.cat([contexts[:, 1:], label.clamp(min=0).view(-1, 1)], dim=1)
         contexts = torch.where(e[:, None], new_ctx, contexts)
-        dec = torch.where(e[:, None], decoder_step(model, contexts), dec)
+        if static:
+            dec = torch.where(e[:, None], decoder_step(model, contexts), dec)
+        else:  # eager: the decoder only for the hypotheses that took a label
+            took = e.nonzero().squeeze(1)
+            if took.numel():
+                dec = dec.index_copy(0, took, decoder_step(model, contexts.index_select(0, took)))
 
         # merge equal label sequences on the same frame: the best of each group takes their log-sum
         at = t.clamp(max=lens[:, None])  # every jump past the last frame ends in the same place
