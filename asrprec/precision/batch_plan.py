@@ -202,7 +202,7 @@ def _peaks(res: Any) -> tuple[int, int]:
 
 
 def fit_cost(project: Projector, buckets: Sequence[Bucket], *, joint: int, cap: Optional[float] = None,
-             pilot_batch: int = 2) -> CostFit:
+             pilot_batch: int = 2, light: bool = False) -> CostFit:
     """Fit :class:`CostFit` on projections near the batch sizes the plan will use.
 
     A pilot projection (``pilot_batch`` utterances of the longest bucket) gives the step's fixed part (its weights,
@@ -212,23 +212,28 @@ def fit_cost(project: Projector, buckets: Sequence[Bucket], *, joint: int, cap: 
     curvature): points where the plan lands, so allocator rounding of small tensors does not bend the fit.
 
     ``project(B, T, U)`` returns a :class:`~asrprec.precision.memory_step.StepMemory`; ``joint``: V for an unpruned
-    joint, 1 for the pruned loss (see the module docstring); ``cap``: the bytes the plan may use (None: B* = 8)."""
+    joint, 1 for the pruned loss (see the module docstring); ``cap``: the bytes the plan may use (None: B* = 8).
+    ``light``: four projections instead of six (the pilot as a point; B*, B* with half the tokens and the shortest
+    bucket): the four terms exactly determined, for large models on a slow CPU."""
     import torch
 
     by_len = sorted(buckets, key=lambda b: b.max_duration)
     hi, lo, mid = by_len[-1], by_len[0], by_len[len(by_len) // 2]
-    guess = 8
-    if cap is not None:
+    guess, pilot = 8, None
+    if cap is not None or light:
         pilot = project(pilot_batch, hi.frames, hi.max_tokens)
         fixed = pilot.persistent + pilot.gradients - pilot.inputs
         slope = max((_peaks(pilot)[0] - fixed) / pilot_batch, 1.0)
-        guess = int(min(max((cap - fixed) / slope, 2), 1 << 20))
+        guess = int(min(max((cap - fixed) / slope, 2), 1 << 20)) if cap is not None else guess
     b_hi = max(2, guess)
     shapes = [(max(1, b_hi // 2), hi.frames, hi.max_tokens), (b_hi, hi.frames, hi.max_tokens),
               (b_hi, hi.frames, max(1, hi.max_tokens // 2)),
               (max(2, b_hi * hi.frames // lo.frames), lo.frames, lo.max_tokens),
               (max(2, b_hi * hi.frames // mid.frames), mid.frames, mid.max_tokens)]
     points = []
+    if light:
+        points.append([pilot_batch, hi.frames, hi.max_tokens, *_peaks(pilot)])
+        shapes = [shapes[1], shapes[2], shapes[3]]
     for shape in dict.fromkeys(shapes):  # a one-bucket corpus repeats shapes
         fb, opt = _peaks(project(*shape))
         points.append([*shape, fb, opt])
@@ -240,7 +245,7 @@ def fit_cost(project: Projector, buckets: Sequence[Bucket], *, joint: int, cap: 
     a, b, c, d = (float(x) for x in coef)
     # the optimizer step: what it holds beyond the batch, plus the batch itself (its bytes per frame)
     per_frame = [(p[4], p[0] * p[1]) for p in points]
-    (o1, n1), (o2, n2) = per_frame[0], per_frame[1]
+    (o1, n1), (o2, n2) = per_frame[0], per_frame[1]  # two batch sizes of the longest bucket
     i = max(0.0, (o2 - o1) / (n2 - n1)) if n2 != n1 else 0.0
     o = max(opt - i * n for opt, n in per_frame)
     fit = CostFit(a=a, b=b, c=c, d=d, joint=joint, o=o, i=i, points=points)
@@ -289,10 +294,11 @@ def plan_from_fit(fit: CostFit, buckets: Sequence[Bucket], budget_bytes: int, sa
 
 def plan_batches(project: Projector, buckets: Sequence[Bucket], budget_bytes: int, *,
                  safety: float = CALIBRATION_SAFETY, joint: int = 1, verify: str = "worst",
-                 describe: Optional[dict] = None) -> BatchPlan:
+                 describe: Optional[dict] = None, light: bool = False) -> BatchPlan:
     """Fit the step's cost (:func:`fit_cost`), size every bucket (:func:`plan_from_fit`), then settle by direct
     projection: ``verify="worst"`` the longest bucket, ``"all"`` every bucket, ``"none"`` none. A settled bucket
-    holds the largest B whose projection is within the cap while B + 1's is not (:func:`_settle`).
+    holds the largest B whose projection is within the cap while B + 1's is not (:func:`_settle`). ``light``: see
+    :func:`fit_cost`.
 
     Raises:
         BudgetTooSmall: as :func:`plan_from_fit`, also when the direct projection of one utterance is over the cap.
@@ -301,7 +307,7 @@ def plan_batches(project: Projector, buckets: Sequence[Bucket], budget_bytes: in
         raise ValueError(f"verify must be none, worst or all, got {verify!r}")
     if not buckets:
         raise ValueError("no duration buckets to plan (no training cuts?)")
-    fit = fit_cost(project, buckets, joint=joint, cap=budget_bytes * safety)
+    fit = fit_cost(project, buckets, joint=joint, cap=budget_bytes * safety, light=light)
     plan = plan_from_fit(fit, buckets, budget_bytes, safety, describe)
     targets = plan.buckets if verify == "all" else [plan.buckets[-1]] if verify == "worst" else []
     for pb in targets:

@@ -77,9 +77,10 @@ def _device_bytes(device: torch.device) -> Optional[int]:
 
 def plan_for_run(model: nn.Module, *, model_options: Any, policy: Any, train_cfg: Any, data_cfg: Any, cuts: Any,
                  tokenizer: Any, resuming: bool = False, verify: str = "worst") -> BatchPlan:
-    """The run's plan: the one in ``train_cfg.exp_dir`` when ``resuming`` (a resumed run keeps its batches), else a
-    new one for ``data_cfg.max_memory`` under ``policy`` (its name, bf16 update, device), written there (rank 0
-    plans; every rank reads its file).
+    """The run's plan: the one in ``train_cfg.exp_dir`` when ``resuming`` (a resumed run keeps its batches) or when it
+    was made for the same model, policy, budget and buckets (a ``--plan-only`` run's: under torchrun, plan with
+    ``--plan-only`` first, so that no rank waits on the projections), else a new one for ``data_cfg.max_memory``
+    under ``policy`` (its name, bf16 update, device), written there (rank 0 plans; every rank reads its file).
 
     Raises:
         ValueError: a ``--max-memory`` that is no size, or a fraction without a GPU.
@@ -93,8 +94,8 @@ def plan_for_run(model: nn.Module, *, model_options: Any, policy: Any, train_cfg
 
     exp_dir = Path(train_cfg.exp_dir)
     budget = parse_memory_size(data_cfg.max_memory, _device_bytes(policy.device))
-    stored = read_plan(exp_dir) if resuming else None
-    if stored is not None:
+    stored = read_plan(exp_dir)
+    if resuming and stored is not None:
         if stored.budget_bytes != budget:
             log.warning("batch plan: the resumed run keeps its plan (%.2f GB); --max-memory now asks %.2f GB",
                         stored.budget_bytes / 1e9, budget / 1e9)
@@ -108,15 +109,22 @@ def plan_for_run(model: nn.Module, *, model_options: Any, policy: Any, train_cfg
                     "encoder": o.encoder, "size": o.size, "loss": o.loss, "joint_mode": o.joint_mode,
                     "optimizer": train_cfg.optimizer, "world_size": world, "vocab_size": tokenizer.vocab_size,
                     "device": str(policy.device)}
-        project = step_projector(model, vocab_size=tokenizer.vocab_size, policy=policy.name,
-                                 optimizer=train_cfg.optimizer, bf16_update=policy.bf16_update,
-                                 bf16_moments=policy.bf16_moments, world_size=world, num_mel_bins=data_cfg.num_mel_bins)
-        log.info("batch plan: projecting the step at a few shapes for %d buckets (fake tensors)", len(buckets))
-        plan = plan_batches(project, buckets, budget, safety=data_cfg.memory_safety,
-                            joint=joint_factor(o.loss, o.joint_mode, tokenizer.vocab_size), verify=verify,
-                            describe=describe)
-        write_plan(plan, exp_dir)
-        log.info("%s", plan.table())
+        if stored is not None and stored.describe == describe and stored.budget_bytes == budget \
+                and stored.safety == data_cfg.memory_safety and stored.edges == [b.max_duration for b in buckets]:
+            # the plan of the same flags and data (e.g. a --plan-only run's): nothing to project again
+            log.info("batch plan: %s is this run's plan already (same model, policy, budget and buckets)",
+                     exp_dir / "batch_plan.json")
+        else:
+            project = step_projector(model, vocab_size=tokenizer.vocab_size, policy=policy.name,
+                                     optimizer=train_cfg.optimizer, bf16_update=policy.bf16_update,
+                                     bf16_moments=policy.bf16_moments, world_size=world,
+                                     num_mel_bins=data_cfg.num_mel_bins)
+            log.info("batch plan: projecting the step at a few shapes for %d buckets (fake tensors)", len(buckets))
+            plan = plan_batches(project, buckets, budget, safety=data_cfg.memory_safety,
+                                joint=joint_factor(o.loss, o.joint_mode, tokenizer.vocab_size), verify=verify,
+                                describe=describe)
+            write_plan(plan, exp_dir)
+        log.info("%s", read_plan(exp_dir).table())
     barrier()
     return read_plan(exp_dir)
 

@@ -141,7 +141,7 @@ def test_memory_flags_reach_the_recipes():
     from asrprec.training.cli import data_config_from_args
 
     root = Path(__file__).resolve().parents[2]
-    for recipe in ("espeak", "librispeech"):
+    for recipe in ("espeak", "librispeech", "custom"):
         spec = iu.spec_from_file_location(f"r_{recipe}", root / "recipes" / recipe / "train.py")
         mod = iu.module_from_spec(spec)
         spec.loader.exec_module(mod)

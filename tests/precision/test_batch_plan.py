@@ -72,10 +72,11 @@ def test_planned_batches_fit_and_one_more_utterance_does_not(fp32_plan):
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > 4 * sizes[-1]  # short buckets hold more
 
 
-@pytest.mark.parametrize("vocab", [1, V])
-def test_fit_alone_is_close_to_the_step(vocab):
+@pytest.mark.parametrize("vocab,light", [(1, False), (V, False), (V, True)])
+def test_fit_alone_is_close_to_the_step(vocab, light):
     """Unverified, the fitted sizes are within 2 % of the tight ones, and their peaks within 1 % of the cap."""
-    fit_only = plan_batches(Profile(vocab=vocab), BUCKETS, BUDGET, joint=vocab, verify="none")
+    fit_only = plan_batches(Profile(vocab=vocab), BUCKETS, BUDGET, joint=vocab, verify="none", light=light)
+    assert len(fit_only.fit.points) == (4 if light else 5)
     tight = plan_batches(Profile(vocab=vocab), BUCKETS, BUDGET, joint=vocab, verify="all")
     truth = Profile(vocab=vocab)
     assert fit_only.fit.max_error < 0.01

@@ -71,3 +71,30 @@ def test_a_resumed_run_reads_its_plan_back(tmp_path):
     assert got.batch_sizes == [5, 3] and got.budget_bytes == 10**9
     assert batches_for_run(None, model_options=None, policy=None, train_cfg=cfg, data_cfg=DataConfig(), cuts=None,
                            tokenizer=None, resuming=True) is None
+
+
+def test_a_new_run_with_the_flags_of_a_stored_plan_reuses_it(tmp_path):
+    """A --plan-only run's plan serves the training run with the same flags and data: nothing is projected (the
+    model is None here, so a projection would fail); another budget plans again."""
+    from types import SimpleNamespace
+
+    from asrprec.training.batch_plan import plan_for_run, run_buckets
+
+    cuts = W.memory_cuts(30)
+    data = DataConfig(max_memory="1GB", num_buckets=2, min_cut_s=0.0, max_cut_s=2.0)
+    tok = W.Tok()
+    pol = get_policy("fp32", "cpu")
+    opts = SimpleNamespace(encoder="zipformer", size="tiny", loss="pruned", joint_mode="full")
+    cfg = SimpleNamespace(exp_dir=str(tmp_path), optimizer="adamw")
+    stored = plan()
+    stored.buckets = [PlannedBucket(b.max_duration, 4, 1) for b in run_buckets(data, cuts, tok)]
+    stored.budget_bytes, stored.safety = 10**9, data.memory_safety
+    stored.describe = {"policy": "fp32", "bf16_update": pol.bf16_update, "bf16_moments": pol.bf16_moments,
+                       "encoder": "zipformer", "size": "tiny", "loss": "pruned", "joint_mode": "full",
+                       "optimizer": "adamw", "world_size": 1, "vocab_size": tok.vocab_size, "device": "cpu"}
+    write_plan(stored, tmp_path)
+    got = plan_for_run(None, model_options=opts, policy=pol, train_cfg=cfg, data_cfg=data, cuts=cuts, tokenizer=tok)
+    assert got.to_dict() == stored.to_dict()
+    with pytest.raises(AttributeError):  # another budget: a new plan, which projects the (absent) model
+        plan_for_run(None, model_options=opts, policy=pol, train_cfg=cfg, data_cfg=DataConfig(
+            max_memory="2GB", num_buckets=2, min_cut_s=0.0, max_cut_s=2.0), cuts=cuts, tokenizer=tok)
