@@ -100,6 +100,16 @@ def test_prepare_train_decode(corpus_layouts, tmp_path, run_script, recogs_wer):
         stored = {line.split("ref=")[1] for line in recogs.splitlines() if "ref=" in line}
         assert stored == {str(t.split()) for t in refs}
 
+    # n-grams on the training transcripts in BPE pieces, then decoding with shallow fusion and LODR
+    run_script(RECIPE / "prepare_lm.py", "--subset", "100h", "--data-dir", data_dir, "--vocab-size", 40)
+    lm, lodr = bpe.parent / "lm_3gram.arpa", bpe.parent / "lm_2gram.arpa"
+    assert "ngram 3=" in lm.read_text() and "ngram 2=" in lodr.read_text()
+    out = run_script(RECIPE / "decode.py", "--data-dir", data_dir, "--bpe-model", bpe, "--exp-dir", exp, "--epoch", 1,
+                     "--decoding-method", "malsd_batch", "--lm", lm, "--lm-scale", 0.3, "--lodr", lodr,
+                     "--lodr-scale", 0.1)
+    assert "test-clean: WER" in out and (exp / "wer-summary-malsd_batch-epoch-1-avg-1-fp32-beam-4-lm-0.3-lodr-0.1.json"
+                                         ).is_file()
+
 
 @pytest.mark.slow
 def test_on_the_fly_features_and_streaming_as_commands(corpus_layouts, tmp_path):
