@@ -13,6 +13,7 @@ EXP=${EXP:-recipes/espeak/exp/$PRECISION}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 start=$(date +%s)
 $PY recipes/espeak/prepare.py
+$PY recipes/espeak/prepare_lm.py  # n-grams on the training transcripts, for decode.py --lm / --lodr
 $PY recipes/espeak/train.py --precision "$PRECISION" --exp-dir "$EXP" --num-epochs "$EPOCHS" "$@"
 $PY recipes/espeak/decode.py --exp-dir "$EXP" --epoch "$EPOCHS" --avg "$AVG" --precision "$PRECISION" \
   --decoding-method greedy_search
