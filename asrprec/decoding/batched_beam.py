@@ -48,7 +48,8 @@ _HASH_MUL = 1_000_003  # the rolling hash h' = h · M + (token + 1), wrapping in
 @torch.no_grad()
 def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, beam: int = 4,
                       max_sym_per_frame: int = 1, *, length_norm: bool = True, fusion: BatchFusion | None = None,
-                      return_scores: bool = False) -> list[list[int]] | tuple[list[list[int]], list[float]]:
+                      return_scores: bool = False, static_shapes: bool | None = None,
+                      ) -> list[list[int]] | tuple[list[list[int]], list[float]]:
     """Batched ALSD beam search over an RNN-T or TDT transducer (the rules in the module docstring).
 
     Args:
@@ -60,6 +61,8 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         fusion: LM / LODR / phrase bonuses for non-blank labels (:mod:`asrprec.decoding.fusion`); an unfinished phrase
             gives its bonus back before the final choice.
         return_scores: also return the chosen hypotheses' scores (float64 sums of fp32 log-probabilities).
+        static_shapes: compute every hypothesis at every step (the default on CUDA) instead of only those that move
+            (the default elsewhere); the same results.
     Returns:
         B token-id lists in the input order (and, with ``return_scores``, B floats).
     """
@@ -96,7 +99,8 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
     dec = decoder_step(model, contexts)  # (B·K, J)
     fstate = fusion.start(order).repeat_interleave(K, dim=0).view(B, K, 4) if fusion is not None else None
     rows = torch.arange(B, device=device)[:, None].expand(B, K)
-    static = device.type == "cuda"  # every row at every step (CUDA-graph shapes); eagerly only the rows that move
+    # every row at every step (CUDA-graph shapes), or eagerly only the rows that move
+    static = device.type == "cuda" if static_shapes is None else bool(static_shapes)
     earlier = torch.arange(K, device=device)[None, None, :] < torch.arange(K, device=device)[None, :, None]
     if tdt:
         dur = torch.tensor(durations, **i64)

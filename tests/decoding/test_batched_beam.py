@@ -152,6 +152,7 @@ def test_batched_equals_one_by_one(kit, beam):
         feats, lens = kit.make_batch(7, LENS)
         enc, enc_lens = model.encode(feats, lens)
         batched = malsd_beam_search(model, enc, enc_lens, beam, 2)
+        assert malsd_beam_search(model, enc, enc_lens, beam, 2, static_shapes=True) == batched  # the CUDA layout
         for i, n in enumerate(LENS):
             assert malsd_beam_search(model, enc[i : i + 1, :n], enc_lens[i : i + 1], beam, 2) == [batched[i]]
 
