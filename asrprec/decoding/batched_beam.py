@@ -25,7 +25,8 @@ The loop ends when every hypothesis is finished; the result is the best by lengt
 as :func:`asrprec.decoding.modified_beam_search`) or raw score. On a CUDA device each step has static shapes (the
 host reads one flag: any hypothesis active?), the structure a CUDA graph captures (label looping's ``no_while_loops``
 mode; here it runs eagerly); elsewhere the joiner runs only for active hypotheses and the decoder only for those
-that took a label. With K = 1 it makes greedy search's decisions.
+that took a label, once per distinct context (its output depends on the last C tokens only; kept for the call when
+V^C is at most 65,536). With K = 1 it makes greedy search's decisions.
 
 Legend: B utterances, K beam, T encoder frames, J joiner width, V vocabulary (blank included), D durations,
 L the longest label sequence (T · max_sym_per_frame), C the decoder's context size.
@@ -101,6 +102,12 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
     rows = torch.arange(B, device=device)[:, None].expand(B, K)
     # every row at every step (CUDA-graph shapes), or eagerly only the rows that move
     static = device.type == "cuda" if static_shapes is None else bool(static_shapes)
+    # eagerly, the decoder's output of each context (its last C tokens: a stateless decoder) is kept for the call
+    cache = known = place = None
+    if not static and V ** C <= 1 << 16:
+        place = V ** torch.arange(C - 1, -1, -1, **i64)  # context -> its index in the cache
+        cache = dec.new_zeros(V ** C, dec.shape[-1])
+        known = torch.zeros(V ** C, dtype=torch.bool, device=device)
     earlier = torch.arange(K, device=device)[None, None, :] < torch.arange(K, device=device)[None, :, None]
     if tdt:
         dur = torch.tensor(durations, **i64)
@@ -181,10 +188,19 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         contexts = torch.where(e[:, None], new_ctx, contexts)
         if static:
             dec = torch.where(e[:, None], decoder_step(model, contexts), dec)
-        else:  # eager: the decoder only for the hypotheses that took a label
+        else:  # eager: the decoder only for the hypotheses that took a label, each context computed once
             took = e.nonzero().squeeze(1)
             if took.numel():
-                dec = dec.index_copy(0, took, decoder_step(model, contexts.index_select(0, took)))
+                ctx = contexts.index_select(0, took)
+                if cache is None:
+                    dec = dec.index_copy(0, took, decoder_step(model, ctx))
+                else:
+                    ids = (ctx * place).sum(dim=1)
+                    new = ids[~known[ids]].unique()
+                    if new.numel():
+                        cache[new] = decoder_step(model, new[:, None] // place % V)
+                        known[new] = True
+                    dec = dec.index_copy(0, took, cache[ids])
 
         # merge equal label sequences on the same frame: the best of each group takes their log-sum
         at = t.clamp(max=lens[:, None])  # every jump past the last frame ends in the same place
