@@ -126,6 +126,10 @@ def read_arpa(path: str | Path) -> ArpaContents:
                 bo = float(fields[n + 1]) if len(fields) == n + 2 else 0.0
             except ValueError:
                 raise fail(f"not a number in {line!r}") from None
+            if logp != logp or bo != bo:
+                raise fail(f"not a number in {line!r}")
+            # -inf (written by some tools for <s>) floored at SRILM's -99, so that a scale of 0 gives exactly 0
+            logp, bo = max(logp, -99.0), max(bo, -99.0)
             words = tuple(fields[1 : n + 1])
             if words in ngrams[-1]:
                 raise fail(f"the {n}-gram {' '.join(words)!r} is listed twice")
