@@ -126,3 +126,10 @@ def test_line_numbers_point_at_the_bad_line(tmp_path):
     line = text.splitlines().index("-0.3\tb") + 1
     with pytest.raises(ArpaError, match=rf"bad\.arpa:{line}:"):
         load_arpa(_write(tmp_path, text), PIECES)
+
+
+def test_minus_infinity_is_floored_and_nan_refused(tmp_path):
+    lm = load_arpa(_write(tmp_path, ARPA.replace("-99\t<s>", "-inf\t<s>")), PIECES)
+    assert lm.sentence_logprob([A, B, C, A, C]) == pytest.approx((-0.2 - 0.1 - 0.05 - 0.5 - 1.2 - 1.0) * LN10, abs=1e-5)
+    with pytest.raises(ArpaError, match=r"bad\.arpa:\d+: not a number"):
+        load_arpa(_write(tmp_path, ARPA.replace("-0.3\tb c", "nan\tb c")), PIECES)
