@@ -17,7 +17,7 @@ STEPS = ["numba-cuda RNN-T loss vs the float64 reference", "numba-cuda TDT loss 
          "RNN-T loss backends", "Joint + loss",
          "Training step per precision policy", "Whole-step memory", "ScaledAdam step", "bf16 weight updates",
          "Streaming vs simulated streaming",
-         "Streaming Zipformer", "Decoding: precision modes x methods", "torch.compile: training step"]
+         "Streaming Zipformer", "Decoding: precision modes x methods", "torch.compile: training step", "Batches sized by memory"]
 
 
 def test_gpu_check_dry_run(tmp_path):

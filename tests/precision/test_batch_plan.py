@@ -136,8 +136,8 @@ def test_real_projection_plan_is_tight_and_lower_precision_holds_more(policy):
     fewer bytes plans at least as many utterances."""
     buckets = [Bucket(0.12, 2), Bucket(0.3, 4)]
     budget = 8_000_000
-    full = plan_batches(projector("fp32"), buckets, budget, verify="worst")
-    low = plan_batches(projector(policy), buckets, budget, verify="worst")
+    full = plan_batches(projector("fp32"), buckets, budget, verify="worst", light=True)
+    low = plan_batches(projector(policy), buckets, budget, verify="worst", light=True)
     w = full.buckets[-1]
     assert peak_of(projector("fp32")(w.batch_size + 1, w.frames, w.tokens)) > full.cap_bytes
     assert peak_of(projector("fp32", fake=False)(w.batch_size, w.frames, w.tokens)) <= full.cap_bytes
