@@ -23,7 +23,8 @@ def _parser(**defaults) -> argparse.ArgumentParser:
 def _other_value(f: dataclasses.Field):
     """A valid non-default command-line value for a TrainConfig field, and the value it should parse to."""
     special = {"exp_dir": ("runs/x", "runs/x"), "resume": ("latest", "latest"), "optimizer": ("adamw", "adamw"),
-               "init_from": ("a/epoch-3.pt", "a/epoch-3.pt"), "scan_oom": ("off", "off"),
+               "init_from": ("a/epoch-3.pt", "a/epoch-3.pt"), "icefall_args": ("args.json", "args.json"),
+               "scan_oom": ("off", "off"),
                "compile_dynamic": ("auto", "auto"), "compile_regions": ("layers", "layers"),
                "compile_schedules": ("tensor", "tensor"),
                "compile_backend": ("aot_eager", "aot_eager"), "compile_mode": ("max-autotune", "max-autotune"),
@@ -175,9 +176,12 @@ def test_decode_and_precision_flags_come_from_their_dataclasses():
     for cls in (DecodeConfig, PrecisionOptions):
         for f in dataclasses.fields(cls):
             assert any(o.startswith("--") for o in flags[f.name]), f.name
-    with pytest.raises(SystemExit):
-        p.parse_args([])  # --epoch is required
-    with pytest.raises(ValueError, match="--tail-padding applies to --streaming"):
+    with pytest.raises(SystemExit, match="--epoch is required"):
+        decode_config_from_args(p.parse_args([]))
+    assert decode_config_from_args(p.parse_args(["--init-from", "icefall:x.pt"])).epoch is None
+    with pytest.raises(SystemExit, match="takes an icefall checkpoint as icefall:FILE"):
+        decode_config_from_args(p.parse_args(["--epoch", "1", "--init-from", "exp/epoch-1.pt"]))
+    with pytest.raises(SystemExit, match="--tail-padding applies to --streaming"):
         decode_config_from_args(p.parse_args(["--epoch", "1", "--tail-padding", "0.66"]))
     cfg = decode_config_from_args(p.parse_args(["--epoch", "2", "--decoding-method", "ctc_prefix_beam_search"]))
     assert (cfg.search().method, cfg.search().beam) == ("ctc_prefix_beam_search", 8)

@@ -25,6 +25,7 @@ from asrprec.config import add_dataclass_args, dataclass_from_args, option
 from asrprec.data.validate import CHECK_MODES
 
 from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES, COMPILE_REGIONS
+from asrprec.models.icefall import icefall_args_option, parse_icefall_source
 
 from .api import METHODS, DecodingOptions
 from .label_looping import DEFAULT_GREEDY_METHOD, GREEDY_METHODS
@@ -34,7 +35,11 @@ from .label_looping import DEFAULT_GREEDY_METHOD, GREEDY_METHODS
 class DecodeConfig:
     """Which weights of an experiment to decode, with which search (the recipes' ``decode.py`` flags)."""
 
-    epoch: int = option(help="decode with epoch-N.pt (averaged with --avg)")
+    epoch: int | None = option(None, help="decode with epoch-N.pt (averaged with --avg); required unless --init-from")
+    init_from: str = option("", metavar="icefall:FILE",
+                            help="decode an icefall Zipformer checkpoint instead of the folder's (results go to "
+                                 "--exp-dir)")
+    icefall_args: str = icefall_args_option()
     avg: int = option(1, help="average the last AVG epoch checkpoints ending at --epoch")
     use_averaged_model: bool = option(
         False, help="decode with the mean of the weights sampled (every --average-period batches) after epoch "
@@ -102,6 +107,11 @@ class DecodeConfig:
                                  hotword_score=self.hotword_score)
 
     def __post_init__(self) -> None:
+        if self.init_from and parse_icefall_source(self.init_from) is None:
+            raise ValueError(f"--init-from {self.init_from!r}: decode.py takes an icefall checkpoint as "
+                             "icefall:FILE; an asrprec run is decoded with --exp-dir and --epoch")
+        if self.epoch is None and not self.init_from:
+            raise ValueError("--epoch is required: the epoch-N.pt to decode (or --init-from icefall:FILE)")
         if self.tail_padding and not self.streaming:
             raise ValueError("--tail-padding applies to --streaming decoding (it ends each live stream with silence)")
 
@@ -131,14 +141,21 @@ def add_decoding_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
 
 
 def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
-    """The :class:`DecodeConfig` of the :func:`add_decoding_args` flags."""
-    return dataclass_from_args(DecodeConfig, args)
+    """The :class:`DecodeConfig` of the :func:`add_decoding_args` flags; an invalid combination exits like an
+    argparse error."""
+    try:
+        return dataclass_from_args(DecodeConfig, args)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> str:
     """``<method>-epoch-E-avg-A-<precision>[-use-averaged-model][-beam-K][-<streaming tag>][-tail-Ss]``."""
-    tag = f"{cfg.decoding_method}-epoch-{cfg.epoch}-avg-{cfg.avg}-{precision}"
-    if cfg.use_averaged_model:
+    if cfg.init_from:
+        tag = f"{cfg.decoding_method}-icefall-{Path(parse_icefall_source(cfg.init_from)).stem}-{precision}"
+    else:
+        tag = f"{cfg.decoding_method}-epoch-{cfg.epoch}-avg-{cfg.avg}-{precision}"
+    if cfg.use_averaged_model and not cfg.init_from:
         tag += "-use-averaged-model"
     if cfg.decoding_method in ("modified_beam_search", "malsd_batch", "ctc_prefix_beam_search"):
         tag += f"-beam-{cfg.beam_size}"
@@ -170,12 +187,21 @@ def load_for_decoding(exp_dir: Path | str, cfg: DecodeConfig, precision: Any) ->
     from asrprec.experiment import ExperimentError, build_experiment_model
 
     exp_dir = Path(exp_dir)
-    model = build_experiment_model(exp_dir)
-    try:  # before loading weights: the method must match the heads the folder's model.json describes
+    icefall = parse_icefall_source(cfg.init_from)
+    if icefall is not None:  # icefall's checkpoint: its architecture and weights; results go to exp_dir
+        from asrprec.models.icefall import load_icefall
+
+        model, _ = load_icefall(icefall, cfg.icefall_args or None)
+        exp_dir.mkdir(parents=True, exist_ok=True)
+        weights = f"icefall checkpoint {icefall}"
+    else:
+        model = build_experiment_model(exp_dir)
+    try:  # before loading weights: the method must match the heads the model has
         check_method(model, cfg.decoding_method)
     except ValueError as e:
-        raise ExperimentError(f"{exp_dir}: {e}") from None
-    weights = load_decoding_weights(model, exp_dir, cfg.epoch, cfg.avg, cfg.use_averaged_model)
+        raise ExperimentError(f"{icefall or exp_dir}: {e}") from None
+    if icefall is None:
+        weights = load_decoding_weights(model, exp_dir, cfg.epoch, cfg.avg, cfg.use_averaged_model)
     streaming_tag = configure_streaming(model, cfg.chunk_size, cfg.left_context_frames, cfg.streaming)
     policy = precision.policy(resolve_device(precision.device))
     min_frames = model.min_input_frames

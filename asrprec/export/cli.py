@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from asrprec.config import option
+from asrprec.models.icefall import icefall_args_option, parse_icefall_source
 
 __all__ = ["ExportConfig", "export_experiment"]
 
@@ -19,7 +20,10 @@ class ExportConfig:
     """What :func:`export_experiment` writes."""
 
     exp_dir: str = option(help="the experiment folder training wrote")
-    epoch: int = option(help="export epoch-N.pt (averaged with --avg)")
+    epoch: int | None = option(None, help="export epoch-N.pt (averaged with --avg); required unless --init-from")
+    init_from: str = option("", metavar="icefall:FILE", help="export an icefall Zipformer checkpoint instead of the "
+                                                             "folder's")
+    icefall_args: str = icefall_args_option()
     avg: int = option(1, help="average the last AVG epoch checkpoints ending at --epoch")
     use_averaged_model: bool = option(False, help="the running average of the weights over those epochs (as "
                                                   "decode.py)")
@@ -38,12 +42,20 @@ class ExportConfig:
                                    "(sherpa-onnx's zipformer CTC recognisers); a CTC-only model always exports it")
 
     def __post_init__(self) -> None:
+        if self.init_from and parse_icefall_source(self.init_from) is None:
+            raise ValueError(f"--init-from {self.init_from!r}: export.py takes an icefall checkpoint as icefall:FILE; "
+                             "an asrprec run is exported with --exp-dir and --epoch")
+        if self.epoch is None and not self.init_from:
+            raise ValueError("--epoch is required: the epoch-N.pt to export (or --init-from icefall:FILE)")
         if self.streaming and (self.chunk_size is None or self.left_context_frames is None):
             raise ValueError("--streaming needs --chunk-size and --left-context-frames (values the model was "
                              "trained with, e.g. --chunk-size 32 --left-context-frames 128)")
 
     def tag(self) -> str:
-        tag = f"epoch-{self.epoch}-avg-{self.avg}" + ("-use-averaged-model" if self.use_averaged_model else "")
+        if self.init_from:
+            tag = f"icefall-{Path(parse_icefall_source(self.init_from)).stem}"
+        else:
+            tag = f"epoch-{self.epoch}-avg-{self.avg}" + ("-use-averaged-model" if self.use_averaged_model else "")
         if self.streaming:
             tag += f"-streaming-chunk-{self.chunk_size}-left-{self.left_context_frames}"
         return tag
@@ -57,7 +69,14 @@ def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
     ``--exp-dir`` is reported before a missing tokenizer)."""
     from . import convert_fp16, export_offline, export_streaming, load_experiment_model, quantize_int8
 
-    model, _, source = load_experiment_model(Path(cfg.exp_dir), cfg.epoch, cfg.avg, cfg.use_averaged_model)
+    icefall = parse_icefall_source(cfg.init_from)
+    if icefall is not None:
+        from asrprec.models.icefall import load_icefall
+
+        model, _ = load_icefall(icefall, cfg.icefall_args or None)
+        source = f"icefall checkpoint {icefall}"
+    else:
+        model, _, source = load_experiment_model(Path(cfg.exp_dir), cfg.epoch, cfg.avg, cfg.use_averaged_model)
     if callable(tokenizer):
         tokenizer = tokenizer()
     print("weights:", source)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from asrprec.config import option, strict_from_dict
+from asrprec.models.icefall import icefall_args_option
 from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES, COMPILE_REGIONS, COMPILE_SCHEDULES
 
 OPTIMIZERS = ("scaled_adam", "adamw")
@@ -30,11 +31,11 @@ class TrainConfig:
                               "resumed run continues exactly where the checkpoint was written. auto: as latest if "
                               "there is a complete checkpoint, else start a new run (one command line for the first "
                               "start and every restart by torchrun --max-restarts or a requeue)")
-    init_from: str = option("", metavar="FILE",
-                            help="start a new run from the weights of FILE (epoch-N.pt or checkpoint-N.pt of a run "
-                                 "with the same architecture, any precision): fine-tuning, as icefall's "
-                                 "--do-finetune. The optimizer, learning-rate schedule and batch count start afresh. "
-                                 "Not read when the run resumes (its checkpoint holds the weights)")
+    init_from: str = option("", metavar="FILE|icefall:FILE",
+                            help="fine-tune from FILE's weights (epoch-N.pt / checkpoint-N.pt of a run with this "
+                                 "architecture), or from an icefall Zipformer checkpoint (icefall:FILE, whose "
+                                 "architecture replaces the model flags); new optimizer and schedule")
+    icefall_args: str = icefall_args_option()
     overwrite: bool = option(False, help="start a new run in an --exp-dir that holds another run's checkpoints "
                                          "(deleting them), or resume from an older checkpoint (deleting the newer "
                                          "ones)")

@@ -34,6 +34,7 @@ from asrprec import checkpoint as ckpt
 from asrprec.devices import get_rank, get_world_size, is_main_process
 from asrprec.models import unwrap_model
 from asrprec.models.compile import compile_model, compiled_graph_count, recompile_limit_hits
+from asrprec.models.icefall import load_icefall_weights, parse_icefall_source, read_icefall_checkpoint
 from asrprec.precision import PrecisionPolicy
 from asrprec.rng import preserved_rng, seed_everything, set_rng_state
 
@@ -430,6 +431,18 @@ def _log_compiled_graphs(epoch: int, before: tuple[int, int]) -> int:
     return new
 
 
+def _load_initial_weights(model: nn.Module, cfg: TrainConfig) -> None:
+    """``--init-from``: an asrprec checkpoint of this architecture, or an icefall one (``icefall:FILE``)."""
+    icefall = parse_icefall_source(cfg.init_from)
+    if icefall is not None:
+        state, _ = read_icefall_checkpoint(icefall, cfg.icefall_args or None)
+        load_icefall_weights(model, state, source=icefall)
+        return
+    weights = ckpt.read_checkpoint(cfg.init_from)["model"]
+    ckpt.load_model_weights(model, weights, source=f"--init-from {cfg.init_from}",
+                            fix="pass a checkpoint of a run with this model's flags (its model.json)")
+
+
 def train(
     *,
     model: nn.Module,
@@ -472,9 +485,7 @@ def train(
     per_step = schedule_batches_per_step(cfg, train_dl)
     if cfg.init_from and resume_from is None:
         # before the policy's cast: the bf16 policy's master weights are made from the weights loaded here
-        weights = ckpt.read_checkpoint(cfg.init_from)["model"]
-        ckpt.load_model_weights(model, weights, source=f"--init-from {cfg.init_from}",
-                                fix="pass a checkpoint of a run with this model's flags (its model.json)")
+        _load_initial_weights(model, cfg)
         logging.info("initialised the weights from %s (fine-tuning: new optimizer and schedule)", cfg.init_from)
     model = policy.prepare_model(model)
     if scan_wanted(cfg.scan_oom, policy, train_dl):

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 
 from asrprec.config import dataclass_from_args
 from asrprec.experiment import prepare_experiment
+from asrprec.models.icefall import icefall_training_model, parse_icefall_source
 
 from asrprec.cli import policy_from_args
 from asrprec.devices import get_rank
@@ -47,7 +48,13 @@ def train_from_args(args: argparse.Namespace, *, tokenizer_path: str | Path | Ca
 
     cfg = begin_training(args)
     tokenizer = Tokenizer(tokenizer_path() if callable(tokenizer_path) else tokenizer_path)
-    model, model_config = build_model_from_args(args, tokenizer, **model_kwargs)
+    icefall = parse_icefall_source(cfg.init_from)
+    if icefall is not None:  # icefall's architecture, this run's objective; the loop loads the weights
+        model, model_config = icefall_training_model(
+            icefall, cfg.icefall_args or None, model_options_from_args(args), tokenizer.vocab_size,
+            time_warp_factor=getattr(args, "spec_aug_time_warp_factor", None), **model_kwargs)
+    else:
+        model, model_config = build_model_from_args(args, tokenizer, **model_kwargs)
     resume_from = prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
     cuts, checks = check_splits(load_splits(), dataclass_from_args(CheckOptions, args), tokenizer,
                                 model.min_input_frames)
