@@ -142,3 +142,25 @@ def test_not_an_icefall_checkpoint(tmp_path):
         from_icefall(tmp_path / "cut.pt")
     with pytest.raises(FileNotFoundError, match=r"does not exist"):
         from_icefall(tmp_path / "missing.pt")
+
+
+def test_benchmark_writer_gives_back_icefalls_layout():
+    # benchmarks/icefall_layout.py writes an asrprec run as icefall's pretrained.pt: imported and written back, the
+    # fixture's keys and tensors return (the unused bypass scales at icefall's initial 0.5)
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "icefall_layout.py"
+    spec = importlib.util.spec_from_file_location("icefall_layout", path)
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    original, _ = read_icefall_checkpoint(FIXTURES / "causal" / "epoch-1.pt")
+    model, config = load_icefall(FIXTURES / "causal" / "epoch-1.pt")
+    back = layout.icefall_state_dict(model.state_dict())
+    assert sorted(back) == sorted(original)
+    for k, v in original.items():
+        unused = k.endswith(".bypass_scale") and not k.endswith(("bypass.bypass_scale", "bypass_mid.bypass_scale",
+                                                                  "out_combiner.bypass_scale"))
+        assert torch.equal(back[k], torch.full_like(v, 0.5) if unused else v), k
+    flags = layout.icefall_flags(config)
+    fixture_flags = json.loads((FIXTURES / "causal" / "icefall_args.json").read_text())
+    assert {k: str(v) for k, v in flags.items()} == {k: str(fixture_flags[k]) for k in flags}
