@@ -8,13 +8,14 @@ the code is ours). The B × K hypotheses (K = beam) each keep their own frame po
 
 1. the joiner at each hypothesis's frame and its decoder output gives log-probabilities (fp32); the LM / phrase
    bonus of :mod:`asrprec.decoding.fusion` is added to non-blank tokens;
-2. each active hypothesis proposes its K best labels (RNN-T) or (label, duration) pairs (TDT); a hypothesis that
-   has emitted ``max_sym_per_frame`` labels on its frame proposes only the blank (RNN-T, NeMo's forced blank); a
-   finished hypothesis (past its utterance's last frame) proposes itself, unchanged;
+2. each active hypothesis proposes its K best labels (RNN-T) or (label, duration) pairs (TDT); a finished
+   hypothesis (past its utterance's last frame) proposes itself, unchanged;
 3. the K best of each utterance's K × K candidates survive (one ``topk`` for the batch);
 4. a blank moves the hypothesis one frame on, a label stays on the frame (RNN-T) or jumps by its duration (TDT:
-   a blank jumps max(d, 1); a label of duration 0 on the ``max_sym_per_frame``-th round jumps 1, the rules of
-   :mod:`asrprec.decoding.tdt`); only hypotheses that took a label run the decoder;
+   a blank jumps max(d, 1)); the ``max_sym_per_frame``-th label on a frame moves one frame on, no blank scored
+   (the rule of greedy search and of :mod:`asrprec.decoding.tdt`; with 1, icefall's one symbol per frame of
+   ``modified_beam_search``, where NeMo's ``malsd_batch`` scores a forced blank after its cap of 10); only
+   hypotheses that took a label run the decoder;
 5. hypotheses of one utterance with the same label sequence on the same frame merge: the best keeps the log-sum of
    their scores, the others leave the beam (NeMo's ``recombine_hyps_``: equal transcript hash, last label and
    length; the frame is implied there for RNN-T and compared for TDT; we compare it always, and also the labels
@@ -140,11 +141,6 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         M = min(K, W)
         top, idx = cand.topk(M, dim=-1)  # (B, K, M): each hypothesis's best proposals
         top = top + score[..., None]
-        if not tdt:  # forced blank after max_sym_per_frame labels on the frame: the blank alone, slot 0
-            forced = sym >= S
-            top = torch.where(forced[..., None], NEG_INF, top)
-            top[..., 0] = torch.where(forced, score + cand[..., blank], top[..., 0])
-            idx = torch.where(forced[..., None], blank, idx)
         finished = ~active  # a finished (or empty) hypothesis proposes itself in slot 0
         top = torch.where(finished[..., None], NEG_INF, top)
         top[..., 0] = torch.where(finished, score, top[..., 0])
@@ -166,16 +162,12 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
             fstate = torch.where(emit[..., None], moved, fstate.gather(1, src[..., None].expand(B, K, 4)))
 
         # advance frames: blank one frame (TDT: its jump), a label stays (RNN-T) or jumps its duration (TDT)
-        if tdt:
-            jump = pair_jump[picked]
-            stay = emit & (jump == 0)
-            new_sym = torch.where(stay, sym + 1, 0)
-            capped = stay & (new_sym >= S)
-            jump = torch.where(capped, 1, jump)
-            sym = torch.where(capped, 0, new_sym)
-        else:
-            jump = (~emit).long()
-            sym = torch.where(emit, sym + 1, 0)
+        jump = pair_jump[picked] if tdt else (~emit).long()
+        stay = emit & (jump == 0)
+        new_sym = torch.where(stay, sym + 1, 0)
+        capped = stay & (new_sym >= S)  # the last label the frame takes: one frame on
+        jump = torch.where(capped, 1, jump)
+        sym = torch.where(capped, 0, new_sym)
         t = torch.where(was_finished | (best == NEG_INF), t, t + jump)
         pos = length.clamp(max=L - 1)[..., None]
         tokens.scatter_(2, pos, torch.where(emit[..., None], label[..., None], tokens.gather(2, pos)))

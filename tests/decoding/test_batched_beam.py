@@ -58,7 +58,8 @@ def _rnnt_log_probs(model, frame, tokens):
 
 
 def rnnt_sequence_score(model, enc, y, S):
-    """log Σ over paths emitting y with at most S labels per frame; a frame ends with a blank (forced after S)."""
+    """log Σ over paths emitting y with at most S labels per frame: a blank moves one frame on, and so does the S-th
+    label of a frame (no blank scored after it, as greedy search and modified beam search with one symbol a frame)."""
     T, U, blank = enc.shape[0], len(y), model.decoder.blank_id
 
     @functools.lru_cache(maxsize=None)
@@ -67,8 +68,9 @@ def rnnt_sequence_score(model, enc, y, S):
             return 0.0 if u == U else -math.inf
         lp = _rnnt_log_probs(model, enc[t], y[:u]).log_softmax(-1)
         out = float(lp[blank]) + go(t + 1, u, 0)
-        if u < U and s < S:
-            out = _logadd(out, float(lp[y[u]]) + go(t, u + 1, s + 1))
+        if u < U:
+            nxt = go(t + 1, u + 1, 0) if s + 1 >= S else go(t, u + 1, s + 1)
+            out = _logadd(out, float(lp[y[u]]) + nxt)
         return out
 
     return go(0, 0, 0)
