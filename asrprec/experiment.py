@@ -361,10 +361,11 @@ def build_experiment_model(exp_dir: str | os.PathLike) -> Any:
     return build_transducer(**read_model_config(exp_dir))
 
 
-def load_experiment_model(exp_dir: str | os.PathLike, epoch: int, avg: int = 1,
-                          use_averaged_model: bool = False) -> tuple[Any, dict, str]:
+def load_experiment_model(exp_dir: str | os.PathLike, epoch: int, avg: int = 1, use_averaged_model: bool = False,
+                          *, allow_nonfinite: bool = False) -> tuple[Any, dict, str]:
     """``(model, model_config, description of the weights)``: the model of ``exp_dir`` in fp32 and eval mode with
-    the weights ``--epoch E --avg A [--use-averaged-model]`` name (:func:`asrprec.checkpoint.load_decoding_weights`).
+    the weights ``--epoch E --avg A [--use-averaged-model]`` name (:func:`asrprec.checkpoint.load_decoding_weights`:
+    each checkpoint verified, NaN / Inf weights refused unless ``allow_nonfinite``).
 
     Raises FileNotFoundError naming the missing folder, ``model.json`` or epochs and the fix, and
     :class:`ExperimentError` for an unreadable ``model.json``."""
@@ -372,5 +373,6 @@ def load_experiment_model(exp_dir: str | os.PathLike, epoch: int, avg: int = 1,
 
     config = read_model_config(exp_dir)
     model = build_transducer(**config)
-    source = ckpt.load_decoding_weights(model, Path(exp_dir), epoch, avg, use_averaged_model)
+    source = ckpt.load_decoding_weights(model, Path(exp_dir), epoch, avg, use_averaged_model,
+                                        allow_nonfinite=allow_nonfinite)
     return model.float().eval(), config, source

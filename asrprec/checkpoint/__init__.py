@@ -12,6 +12,7 @@ What a checkpoint holds (one ``torch.save`` dict; every entry loads with ``torch
     sampler          optional sampler.state_dict()    config          dict (the run's configuration)
     policy           policy.describe() (policy name + effective dtypes)
     rng              python / numpy / torch CPU / torch CUDA generator states (:mod:`asrprec.rng`)
+    model_sha256     sha256 of ``model`` (names, dtypes, shapes, bytes), verified on reading (:mod:`.integrity`)
     runtime_state    optional state modules keep outside their state_dict (:func:`module_runtime_state`)
     extra            dict of counters (epoch, batch_idx_train, best losses...); the training loop adds
                      ``progress`` (the position within the epoch, :class:`asrprec.training.resume.EpochProgress`)
@@ -57,6 +58,7 @@ from .files import (
 from .io import (
     FORMAT_VERSION,
     CheckpointError,
+    CheckpointIntegrityError,
     CheckpointMismatchError,
     CheckpointPolicyWarning,
     CheckpointReadError,
@@ -67,17 +69,20 @@ from .io import (
     load_model_weights,
     load_module_runtime_state,
     module_runtime_state,
+    NonFiniteWeightsError,
     read_checkpoint,
     save_checkpoint,
+    verify_weights,
 )
+from .integrity import DIGEST_KEY, weights_digest
 
 __all__ = [
-    "BAD_MODEL_NAME", "BATCH_PATTERN", "CheckpointError", "CheckpointMismatchError", "CheckpointPolicyWarning",
+    "BAD_MODEL_NAME", "BATCH_PATTERN", "CheckpointError", "CheckpointIntegrityError", "CheckpointMismatchError", "CheckpointPolicyWarning",
     "CheckpointReadError", "EPOCH_PATTERN", "FORMAT_VERSION", "RunningAverage", "atomic_torch_save",
     "atomic_write_text", "average_between", "average_checkpoints", "bad_model_path", "batch_checkpoint_path",
     "checkpoint_number", "checkpoint_position", "epoch_checkpoint_path", "find_epoch_checkpoints",
     "find_latest_checkpoint", "keep_last_k", "list_checkpoints", "load_checkpoint", "load_decoding_weights",
     "load_model_weights", "load_module_runtime_state", "module_runtime_state", "newer_checkpoints",
     "oom_batch_path", "present_checkpoints", "read_checkpoint", "remove_stale_temporaries", "save_checkpoint",
-    "training_checkpoints",
+    "training_checkpoints", "DIGEST_KEY", "NonFiniteWeightsError", "verify_weights", "weights_digest",
 ]

@@ -12,13 +12,15 @@ from torch import nn
 from asrprec.models.unwrap import unwrap_model
 
 from .files import find_epoch_checkpoints
-from .io import CheckpointMismatchError, load_model_weights, read_checkpoint
+from .io import CheckpointMismatchError, load_model_weights, read_checkpoint, verify_weights
 
 
 def average_checkpoints(
-    paths: Iterable[str | os.PathLike], *, key: str = "model", map_location: Any = "cpu", weights_only: bool = True
+    paths: Iterable[str | os.PathLike], *, key: str = "model", map_location: Any = "cpu", weights_only: bool = True,
+    allow_nonfinite: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """The element-wise mean of the ``key`` state_dicts of ``paths``.
+    """The element-wise mean of the ``key`` state_dicts of ``paths``, each verified as it is read
+    (:func:`~.io.verify_weights`: its digest, finite unless ``allow_nonfinite``).
 
     Floating tensors are summed in float64 and the mean is cast back to the dtype they have in the *last*
     checkpoint; integer / bool buffers (counters such as BatchNorm's ``num_batches_tracked``) are taken from the
@@ -30,7 +32,8 @@ def average_checkpoints(
     acc: dict[str, torch.Tensor] = {}
     last: dict[str, torch.Tensor] = {}
     for i, p in enumerate(paths):
-        ckpt = read_checkpoint(p, map_location=map_location, weights_only=weights_only)
+        ckpt = read_checkpoint(p, map_location=map_location, weights_only=weights_only,
+                               allow_nonfinite=allow_nonfinite)
         if key not in ckpt:
             raise CheckpointMismatchError(f"checkpoint {p} has no {key!r} entry")
         state = ckpt[key]
@@ -110,19 +113,20 @@ class RunningAverage:
 
 
 def average_between(start: str | os.PathLike | None, end: str | os.PathLike, *,
-                    map_location: Any = "cpu") -> dict[str, torch.Tensor]:
+                    map_location: Any = "cpu", allow_nonfinite: bool = False) -> dict[str, torch.Tensor]:
     """The mean of the weight snapshots a :class:`RunningAverage` took after checkpoint ``start`` and up to
     checkpoint ``end`` (``start=None``: since the beginning of training):
     ``(mean_end * count_end - mean_start * count_start) / (count_end - count_start)``.
 
-    Returns a state dict for the model of ``end``, each floating tensor cast to its dtype there.
+    Returns a state dict for the model of ``end``, each floating tensor cast to its dtype there. Both checkpoints
+    are verified as :func:`average_checkpoints` verifies its own, and so is the mean.
     Raises:
         CheckpointMismatchError: a checkpoint without a running average (trained before it existed, or with
             averaging off), or no snapshot between the two (``start`` is not earlier, or the period is longer
             than the span: lower ``--average-period`` or widen ``--avg``).
     """
     def averaged(path):
-        ckpt = read_checkpoint(path, map_location=map_location)
+        ckpt = read_checkpoint(path, map_location=map_location, allow_nonfinite=allow_nonfinite)
         avg = ckpt.get("model_avg")
         if not isinstance(avg, dict) or "count" not in avg:
             raise CheckpointMismatchError(
@@ -151,25 +155,28 @@ def average_between(start: str | os.PathLike | None, end: str | os.PathLike, *,
             out[k] = (total / n).to(ref.dtype)
         else:
             out[k] = ref.clone()
+    # the running average is no part of the digest: a NaN there is caught here, named as in the checkpoint
+    verify_weights({"model": out}, f"{end} (its running average)", allow_nonfinite=allow_nonfinite)
     return out
 
 
 def load_decoding_weights(model: nn.Module, exp_dir: str | os.PathLike, epoch: int, avg: int,
-                          use_averaged_model: bool = False) -> str:
+                          use_averaged_model: bool = False, *, allow_nonfinite: bool = False) -> str:
     """Load the weights a decode script's ``--epoch E --avg A [--use-averaged-model]`` name into ``model``.
 
     Without ``use_averaged_model``: the mean of ``epoch-(E-A+1).pt`` ... ``epoch-E.pt``. With it: the mean of the
     running-average snapshots after ``epoch-(E-A).pt`` up to ``epoch-E.pt`` (since the start when E == A), as
-    icefall's ``--use-averaged-model``. Returns a description of what was loaded, for the log."""
+    icefall's ``--use-averaged-model``. Every checkpoint read is verified (:func:`~.io.verify_weights`; NaN / Inf
+    weights load only with ``allow_nonfinite``). Returns a description of what was loaded, for the log."""
     if not use_averaged_model:
         paths = find_epoch_checkpoints(exp_dir, epoch, avg)
         source = f"average of {', '.join(p.name for p in paths)}"
-        load_model_weights(model, average_checkpoints(paths), source=source)
+        load_model_weights(model, average_checkpoints(paths, allow_nonfinite=allow_nonfinite), source=source)
         return source
     if not 1 <= avg <= epoch:
         raise ValueError(f"--use-averaged-model averages the epochs after epoch {epoch}-{avg}: need 1 <= avg <= epoch")
     end = find_epoch_checkpoints(exp_dir, epoch, 1)[0]
     start = None if epoch - avg == 0 else find_epoch_checkpoints(exp_dir, epoch - avg, 1)[0]
     source = f"running average from {start.name if start else 'the start'} to {end.name}"
-    load_model_weights(model, average_between(start, end), source=source)
+    load_model_weights(model, average_between(start, end, allow_nonfinite=allow_nonfinite), source=source)
     return source

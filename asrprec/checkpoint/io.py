@@ -1,5 +1,9 @@
 """Checkpoint I/O: save, read, load (across precision policies, the rule in :mod:`asrprec.checkpoint`), the
-training position of a file, and the newest readable checkpoint of a folder."""
+training position of a file, and the newest readable checkpoint of a folder.
+
+Every checkpoint records the sha256 of its weights (:func:`~.integrity.weights_digest`, entry ``model_sha256``);
+reading one for its weights verifies that digest (older checkpoints without it are read as before) and refuses
+non-finite weights, naming the tensor, unless ``allow_nonfinite`` (for debugging a run that diverged)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from asrprec.errors import AsrprecError
 from asrprec.models.unwrap import unwrap_model
 from asrprec.rng import get_rng_state, set_rng_state
 
+from .integrity import DIGEST_KEY, nonfinite_tensors, weights_digest
 from .files import BATCH_PATTERN, EPOCH_PATTERN, list_checkpoints, present_checkpoints
 
 log = logging.getLogger(__name__)
@@ -34,6 +39,14 @@ class CheckpointMismatchError(CheckpointError):
 
 class CheckpointReadError(CheckpointError):
     """A checkpoint file exists but cannot be read (empty, truncated, corrupt, or not a checkpoint)."""
+
+
+class CheckpointIntegrityError(CheckpointReadError):
+    """A checkpoint's weights differ from the digest recorded when it was saved (changed or damaged since)."""
+
+
+class NonFiniteWeightsError(CheckpointError):
+    """A checkpoint's weights hold NaN or Inf."""
 
 
 class CheckpointPolicyWarning(UserWarning):
@@ -133,6 +146,7 @@ def save_checkpoint(
         "extra": dict(extra or {}),
         "rng": get_rng_state(),
     }
+    ckpt[DIGEST_KEY] = weights_digest(ckpt["model"])
     runtime = module_runtime_state(model)
     if runtime:
         ckpt["runtime_state"] = runtime
@@ -148,9 +162,12 @@ def save_checkpoint(
 
 
 def read_checkpoint(
-    path: str | os.PathLike, *, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
+    path: str | os.PathLike, *, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False,
+    verify: bool = True, allow_nonfinite: bool = False
 ) -> dict:
-    """``torch.load`` a checkpoint; every failure names the file and the fix.
+    """``torch.load`` a checkpoint; every failure names the file and the fix. ``verify``: check its weights
+    (:func:`verify_weights`; off only for reading its counters); ``allow_nonfinite``: NaN / Inf weights load with a
+    warning.
 
     Raises:
         FileNotFoundError: no such file (the message lists the checkpoints present in its folder).
@@ -192,7 +209,40 @@ def read_checkpoint(
             f"{path} is not an asrprec checkpoint (no 'model' entry). Fix: pass a file written by asrprec's "
             "training (epoch-N.pt or checkpoint-N.pt)"
         )
+    if verify:
+        verify_weights(ckpt, path, allow_nonfinite=allow_nonfinite)
     return ckpt
+
+
+def verify_weights(ckpt: dict, path: str | os.PathLike, *, allow_nonfinite: bool = False) -> None:
+    """Check the ``model`` weights of a read checkpoint: the digest it recorded when saved (if any), then that every
+    value is finite (with ``allow_nonfinite``: a warning instead).
+
+    Raises:
+        CheckpointIntegrityError: the weights differ from the recorded digest.
+        NonFiniteWeightsError: a weight is NaN or Inf (the message names the first tensor and how many hold them).
+    """
+    state = ckpt["model"]
+    recorded = ckpt.get(DIGEST_KEY)
+    if recorded is not None:
+        actual = weights_digest(state)
+        if actual != recorded:
+            raise CheckpointIntegrityError(
+                f"checkpoint {path} fails its integrity check: its weights hash to sha256 {actual[:16]}... but "
+                f"{recorded[:16]}... was recorded when it was saved, so it was changed or damaged since. Fix: delete "
+                f"it and use another checkpoint (present: {present_checkpoints(Path(path).parent)})")
+    bad = nonfinite_tensors(state)
+    if not bad:
+        return
+    name, count, total = bad[0]
+    what = (f"checkpoint {path} holds non-finite weights: {name} has {count:,} NaN/Inf of {total:,} values"
+            f"{f' (and {len(bad) - 1} more tensor(s), e.g. {bad[1][0]})' if len(bad) > 1 else ''}")
+    if allow_nonfinite:
+        log.warning("%s; loading it anyway (allow_nonfinite)", what)
+        return
+    raise NonFiniteWeightsError(
+        f"{what}: a model with them gives NaN outputs. Fix: use an earlier checkpoint (present: "
+        f"{present_checkpoints(Path(path).parent)}); to load it anyway for debugging, pass --allow-nonfinite")
 
 
 def load_checkpoint(
@@ -210,6 +260,7 @@ def load_checkpoint(
     map_location: Any = "cpu",
     weights_only: bool = True,
     checkpoint: dict | None = None,
+    allow_nonfinite: bool = False,
 ) -> dict:
     """Load a checkpoint into the given objects (those left None are not touched).
 
@@ -223,11 +274,12 @@ def load_checkpoint(
         restore_rng: restore python / numpy / torch (CPU, CUDA) generator states, for an exact resume.
         map_location: where tensors are loaded (``"cpu"`` then copied into the objects' own devices).
         checkpoint: the contents of ``path`` if already read with :func:`read_checkpoint` (not read again).
+        allow_nonfinite: load NaN / Inf weights with a warning instead of :class:`NonFiniteWeightsError`.
     Returns:
         ``{"extra": dict, "config": dict, "policy": dict | None, "format_version": int}``.
     """
-    ckpt = checkpoint if checkpoint is not None else read_checkpoint(path, map_location=map_location,
-                                                                     weights_only=weights_only)
+    ckpt = checkpoint if checkpoint is not None else read_checkpoint(
+        path, map_location=map_location, weights_only=weights_only, allow_nonfinite=allow_nonfinite)
     saved_policy = ckpt.get("policy")
     if policy is not None and saved_policy is not None and saved_policy.get("policy") != policy.name:
         warnings.warn(
@@ -331,7 +383,7 @@ def load_model_weights(model: nn.Module, state: dict[str, torch.Tensor], *, sour
 def checkpoint_position(path: str | os.PathLike) -> tuple[int, int, bool]:
     """Where in training ``path`` was written: ``(batch_idx_train, epoch, end_of_epoch)``, read without loading
     its tensors (memory-mapped). Raises what :func:`read_checkpoint` raises."""
-    ckpt = read_checkpoint(path, mmap=True)
+    ckpt = read_checkpoint(path, mmap=True, verify=False)
     extra = ckpt.get("extra", {})
     if "batch_idx_train" not in extra:
         raise CheckpointReadError(f"{path} records no training position (extra['batch_idx_train']); it cannot be "

@@ -40,6 +40,7 @@ class DecodeConfig:
                             help="decode an icefall Zipformer checkpoint instead of the folder's (results go to "
                                  "--exp-dir)")
     icefall_args: str = icefall_args_option()
+    allow_nonfinite: bool = option(False, help="load checkpoints whose weights hold NaN or Inf (refused by default, naming the tensor) with a warning, to debug a run that diverged")
     avg: int = option(1, help="average the last AVG epoch checkpoints ending at --epoch")
     use_averaged_model: bool = option(
         False, help="decode with the mean of the weights sampled (every --average-period batches) after epoch "
@@ -201,7 +202,8 @@ def load_for_decoding(exp_dir: Path | str, cfg: DecodeConfig, precision: Any) ->
     except ValueError as e:
         raise ExperimentError(f"{icefall or exp_dir}: {e}") from None
     if icefall is None:
-        weights = load_decoding_weights(model, exp_dir, cfg.epoch, cfg.avg, cfg.use_averaged_model)
+        weights = load_decoding_weights(model, exp_dir, cfg.epoch, cfg.avg, cfg.use_averaged_model,
+                                        allow_nonfinite=cfg.allow_nonfinite)
     streaming_tag = configure_streaming(model, cfg.chunk_size, cfg.left_context_frames, cfg.streaming)
     policy = precision.policy(resolve_device(precision.device))
     min_frames = model.min_input_frames

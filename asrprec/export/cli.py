@@ -24,6 +24,7 @@ class ExportConfig:
     init_from: str = option("", metavar="icefall:FILE", help="export an icefall Zipformer checkpoint instead of the "
                                                              "folder's")
     icefall_args: str = icefall_args_option()
+    allow_nonfinite: bool = option(False, help="load checkpoints whose weights hold NaN or Inf (refused by default, naming the tensor) with a warning, to debug a run that diverged")
     avg: int = option(1, help="average the last AVG epoch checkpoints ending at --epoch")
     use_averaged_model: bool = option(False, help="the running average of the weights over those epochs (as "
                                                   "decode.py)")
@@ -76,7 +77,8 @@ def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
         model, _ = load_icefall(icefall, cfg.icefall_args or None)
         source = f"icefall checkpoint {icefall}"
     else:
-        model, _, source = load_experiment_model(Path(cfg.exp_dir), cfg.epoch, cfg.avg, cfg.use_averaged_model)
+        model, _, source = load_experiment_model(Path(cfg.exp_dir), cfg.epoch, cfg.avg, cfg.use_averaged_model,
+                                                 allow_nonfinite=cfg.allow_nonfinite)
     if callable(tokenizer):
         tokenizer = tokenizer()
     print("weights:", source)

@@ -438,7 +438,7 @@ def _load_initial_weights(model: nn.Module, cfg: TrainConfig) -> None:
         state, _ = read_icefall_checkpoint(icefall, cfg.icefall_args or None)
         load_icefall_weights(model, state, source=icefall)
         return
-    weights = ckpt.read_checkpoint(cfg.init_from)["model"]
+    weights = ckpt.read_checkpoint(cfg.init_from, allow_nonfinite=cfg.allow_nonfinite)["model"]
     ckpt.load_model_weights(model, weights, source=f"--init-from {cfg.init_from}",
                             fix="pass a checkpoint of a run with this model's flags (its model.json)")
 

@@ -215,7 +215,7 @@ def restore(path: Path, *, model, optimizer, scheduler, scaler, averager, policy
         CheckpointReadError / CheckpointMismatchError: an unreadable checkpoint, one of another model or
             optimizer, or a mid-epoch one that records no position within its epoch.
     """
-    saved = ckpt.read_checkpoint(path)
+    saved = ckpt.read_checkpoint(path, allow_nonfinite=cfg.allow_nonfinite)
     info = ckpt.load_checkpoint(path, model=unwrap_model(model), optimizer=optimizer, scheduler=scheduler,
                                 scaler=scaler, policy=policy, restore_rng=False, checkpoint=saved)
     saved_policy = (info.get("policy") or {}).get("policy")
