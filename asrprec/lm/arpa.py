@@ -12,7 +12,8 @@ decoded token. A query follows the usual back-off rule (Katz; KenLM ``lm/model.c
 State: an integer id per history the model distinguishes (every listed n-gram below the highest order, and the
 empty history). ``score(states, tokens)`` walks the back-off chain for a whole batch at once: each walk step is one
 ``torch.searchsorted`` over the sorted arc keys ``state * W + word`` (W words), so a batch of N queries costs
-``order`` vectorised lookups, with no Python loop over queries. Scores come out in natural log: the file's log10
+``order`` vectorised lookups, with no Python loop over queries. A model with at most ``DENSE_LIMIT`` (state, token)
+pairs (S · V) walks every pair once at load and answers from two (S, V) tables, one gather per lookup. Scores come out in natural log: the file's log10
 values times ln 10, converted once at load (KenLM reports log10; decoders add natural-log acoustic scores).
 
 Model tokens the file does not list score as ``<unk>`` (KenLM's rule for an unknown word); a file without ``<unk>``
@@ -39,6 +40,8 @@ LN10 = math.log(10.0)
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 #: KenLM's log10 probability for an unknown word when the file has no <unk>
 MISSING_UNK_LOG10 = -100.0
+#: models with at most this many (state, token) pairs also keep every lookup's result in two (S, V) tables
+DENSE_LIMIT = 1 << 22
 
 
 class ArpaError(AsrprecError, ValueError):
@@ -222,6 +225,10 @@ class NgramLm:
         self.token_word = torch.tensor(token_word, dtype=torch.int64)
         self.start_state = state_of.get((BOS,), 0)
         self.eos_word = index[EOS]
+        self.dense_logp = self.dense_next = None
+        if S * len(pieces) <= DENSE_LIMIT:  # every back-off walk done once: a lookup is then one gather
+            states = torch.arange(S)
+            self.dense_logp, self.dense_next = self._walk_all(states)
 
     @staticmethod
     def _longest_state(gram: tuple[str, ...], state_of: dict) -> int:
@@ -233,8 +240,10 @@ class NgramLm:
         return 0
 
     def to(self, device: torch.device | str) -> "NgramLm":
-        for name in ("keys", "arc_logp", "arc_next", "backoff", "parent", "token_word"):
-            setattr(self, name, getattr(self, name).to(device))
+        for name in ("keys", "arc_logp", "arc_next", "backoff", "parent", "token_word", "dense_logp", "dense_next"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value.to(device))
         return self
 
     @property
@@ -268,6 +277,11 @@ class NgramLm:
     def score(self, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log p(token | state) in natural log and the next state, for states and model tokens of one shape.
         The blank scores 0 and keeps its state."""
+        if self.dense_logp is not None:
+            return self.dense_logp[states, tokens], self.dense_next[states, tokens]
+        return self._walk(states, tokens)
+
+    def _walk(self, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         words = self.token_word[tokens]
         blank = words < 0
         logp, nxt = self._lookup(states, words.clamp(min=0))
@@ -275,9 +289,14 @@ class NgramLm:
 
     def score_all(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N,) states → (N, V) log-probabilities of every model token (blank column 0) and (N, V) next states."""
+        if self.dense_logp is not None:
+            return self.dense_logp[states], self.dense_next[states]
+        return self._walk_all(states)
+
+    def _walk_all(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         N, V = states.shape[0], self.vocab_size
         tokens = torch.arange(V, device=self.device).expand(N, V)
-        return self.score(states[:, None].expand(N, V), tokens)
+        return self._walk(states[:, None].expand(N, V), tokens)
 
     def final(self, states: torch.Tensor) -> torch.Tensor:
         """(N,) log p(</s> | state), natural log."""

@@ -133,3 +133,15 @@ def test_minus_infinity_is_floored_and_nan_refused(tmp_path):
     assert lm.sentence_logprob([A, B, C, A, C]) == pytest.approx((-0.2 - 0.1 - 0.05 - 0.5 - 1.2 - 1.0) * LN10, abs=1e-5)
     with pytest.raises(ArpaError, match=r"bad\.arpa:\d+: not a number"):
         load_arpa(_write(tmp_path, ARPA.replace("-0.3\tb c", "nan\tb c")), PIECES)
+
+
+def test_dense_tables_answer_as_the_back_off_walk(lm):
+    """A small model answers from (S, V) tables filled at load; they must index as the walk does."""
+    assert lm.dense_logp is not None
+    states = torch.arange(lm.num_states).repeat_interleave(len(PIECES))
+    tokens = torch.arange(len(PIECES)).repeat(lm.num_states)
+    dense = lm.score(states, tokens)
+    walked = lm._walk(states, tokens)
+    assert torch.equal(dense[0], walked[0]) and torch.equal(dense[1], walked[1])
+    lp, nxt = lm.score_all(states[:5])
+    assert torch.equal(lp, lm._walk_all(states[:5])[0]) and torch.equal(nxt, lm._walk_all(states[:5])[1])
