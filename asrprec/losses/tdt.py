@@ -98,6 +98,18 @@ def validate_tdt_inputs(
     return durs, targets, logit_lens, target_lens
 
 
+def _nan_where_logits_are(costs: torch.Tensor, logits: torch.Tensor, logit_lens: torch.Tensor,
+                          target_lens: torch.Tensor) -> torch.Tensor:
+    """``costs`` (B,) with NaN for each utterance whose valid logits (its first T_b frames, U_b+1 rows) hold a NaN.
+    The backends' max-shifted log-sum-exp turns a NaN logit into an infinite cost, which reads as "no alignment";
+    a NaN cost says what happened, as :func:`asrprec.losses.rnnt_loss` does. One summing pass over the logits
+    (a NaN survives a sum; no (B, T, U+1, V+D) mask is made)."""
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    sums = torch.stack([logits.detach()[b, :t, : u + 1].sum(dtype=acc)
+                        for b, (t, u) in enumerate(zip(logit_lens.tolist(), target_lens.tolist()))])
+    return torch.where(torch.isnan(sums), torch.full_like(costs, float("nan")), costs)
+
+
 def tdt_loss(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -139,7 +151,8 @@ def tdt_loss(
 
     Returns:
         float32 loss (float64 for fp64 logits): a scalar, or (B,) for ``reduction="none"``. +inf for an
-        utterance with no alignment (possible only when 0 is not a duration and U_b ≥ T_b).
+        utterance with no alignment (possible only when 0 is not a duration and U_b ≥ T_b); NaN for one whose
+        valid logits hold a NaN.
 
     Raises:
         ValueError: bad inputs (see :func:`validate_tdt_inputs`), sigma, omega or reduction out of range,
@@ -163,6 +176,7 @@ def tdt_loss(
         )
     else:
         costs = spec.tdt_fn(logits, targets, logit_lens, target_lens, durations=durs, blank=blank, sigma=float(sigma))
+    costs = _nan_where_logits_are(costs, logits, logit_lens, target_lens)
     if reduction == "mean":
         return costs.mean()
     if reduction == "sum":

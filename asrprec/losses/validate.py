@@ -27,19 +27,20 @@ def _check_int_tensor(name: str, x: object, ndim: int, hint: str) -> torch.Tenso
     return x
 
 
-def check_logits(logits: object, layout: str, fix: str = "") -> None:
-    """The checks of a loss's logits: a float tensor (fp64, fp32, fp16 or bf16) of the four dimensions ``layout``
-    names; ``fix`` ends the message of a wrong number of dimensions."""
+def check_logits(logits: object, layout: str, fix: str = "", *, name: str = "logits", ndim: int = 4) -> None:
+    """The checks of a loss's logits: a float tensor (fp64, fp32, fp16 or bf16) of the ``ndim`` dimensions
+    ``layout`` names; ``fix`` ends the message of a wrong number of dimensions; ``name``: the argument's name in the
+    messages."""
     if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}.")
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(logits).__name__}.")
     if logits.dtype not in _FLOAT_DTYPES:
         raise ValueError(
-            f"logits must be float64, float32, float16 or bfloat16, got {logits.dtype}. "
-            "Fix: pass the joint network's raw (unnormalised) float output."
+            f"{name} must be float64, float32, float16 or bfloat16, got {logits.dtype}. "
+            "Fix: pass the network's float output."
         )
-    if logits.dim() != 4:
+    if logits.dim() != ndim:
         raise ValueError(
-            f"logits must have shape {layout}, got {logits.dim()} dimension(s) {tuple(logits.shape)}.{fix}"
+            f"{name} must have shape {layout}, got {logits.dim()} dimension(s) {tuple(logits.shape)}.{fix}"
         )
 
 
@@ -50,6 +51,7 @@ def validate_rnnt_inputs(
     target_lens: torch.Tensor,
     *,
     blank: int = 0,
+    logits_name: str = "logits",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check the inputs of :func:`asrprec.losses.rnnt_loss` and normalise the integer tensors.
 
@@ -60,6 +62,8 @@ def validate_rnnt_inputs(
         logit_lens: (B,) integer tensor, 1 ≤ logit_lens[b] ≤ T.
         target_lens: (B,) integer tensor, 0 ≤ target_lens[b] ≤ U.
         blank: the blank id, 0 ≤ blank < V.
+        logits_name: what the messages call ``logits`` (a caller validating a stand-in of another argument's
+            shape and dtype, e.g. CTC's (B, T, V) ``log_probs``, names that argument).
 
     Returns:
         ``(targets, logit_lens, target_lens)`` as contiguous int64 tensors on ``logits.device``.
@@ -70,20 +74,21 @@ def validate_rnnt_inputs(
     check_logits(
         logits, "(B, T, U+1, V)",
         " Fix: the joiner must combine encoder (B, T, D) and predictor (B, U+1, D) outputs into (B, T, U+1, V).",
+        name=logits_name,
     )
     B, T, U1, V = logits.shape
     targets = _check_int_tensor("targets", targets, 2, "(B, U)")
     logit_lens = _check_int_tensor("logit_lens", logit_lens, 1, "(B,)")
     target_lens = _check_int_tensor("target_lens", target_lens, 1, "(B,)")
     if B == 0:
-        raise ValueError("logits has batch size 0. Fix: skip empty batches before calling the loss.")
+        raise ValueError(f"{logits_name} has batch size 0. Fix: skip empty batches before calling the loss.")
     if T == 0:
-        raise ValueError("logits has T == 0 frames. Fix: every utterance needs at least one encoder frame.")
+        raise ValueError(f"{logits_name} has T == 0 frames. Fix: every utterance needs at least one encoder frame.")
     if V == 0:
-        raise ValueError("logits has V == 0 classes. Fix: the vocabulary must include the blank.")
+        raise ValueError(f"{logits_name} has V == 0 classes. Fix: the vocabulary must include the blank.")
     if targets.shape[0] != B or logit_lens.shape[0] != B or target_lens.shape[0] != B:
         raise ValueError(
-            f"batch sizes disagree: logits {B}, targets {targets.shape[0]}, logit_lens {logit_lens.shape[0]}, "
+            f"batch sizes disagree: {logits_name} {B}, targets {targets.shape[0]}, logit_lens {logit_lens.shape[0]}, "
             f"target_lens {target_lens.shape[0]}. Fix: pass tensors of the same batch."
         )
     U = targets.shape[1]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from asrprec.losses.validate import check_logits, validate_rnnt_inputs
 from asrprec.precision.islands import fp32_island
 
 from .masks import make_pad_mask
@@ -83,21 +84,27 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, logit_lens: torch.T
     Args:
         log_probs: (B, T', V) log-softmax outputs. logit_lens: (B,) valid frames.
         targets: (B, U) padded token ids (entries past ``target_lens`` are ignored). target_lens: (B,).
+        blank: the blank id in [0, V).
         reduction: ``"sum"`` (−log P summed over the batch, icefall's), ``"mean"`` (over the batch) or ``"none"``
             ((B,) −log P). An utterance with too few frames for its targets has an infinite loss.
     Returns:
         a float32 (or float64) scalar, or (B,) for ``"none"``.
+    Raises:
+        ValueError: naming the argument, as :func:`asrprec.losses.rnnt_loss` (the shared validator,
+            :func:`asrprec.losses.validate.validate_rnnt_inputs`): a float ``log_probs`` with B, T', V > 0; integer
+            ``targets`` whose first ``target_lens[b]`` ids lie in [0, V) and are not ``blank``;
+            1 ≤ ``logit_lens[b]`` ≤ T'; 0 ≤ ``target_lens[b]`` ≤ U; ``blank`` in [0, V).
     """
     if reduction not in ("sum", "mean", "none"):
         raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
-    if log_probs.dim() != 3:
-        raise ValueError(f"log_probs must be (B, T', V), got shape {tuple(log_probs.shape)}")
-    B = log_probs.size(0)
-    if targets.dim() != 2 or targets.size(0) != B:
-        raise ValueError(f"targets must be padded ({B}, U), got {tuple(targets.shape)}")
-    if logit_lens.shape != (B,) or target_lens.shape != (B,):
-        raise ValueError(f"logit_lens and target_lens must be ({B},), got {tuple(logit_lens.shape)} and "
-                         f"{tuple(target_lens.shape)}")
+    check_logits(log_probs, "(B, T', V)", name="log_probs", ndim=3)
+    # torch's kernel reads out-of-range ids out of bounds (wrong finite numbers, or a crash): the RNN-T losses'
+    # checks, on a stand-in of the lattice shape they expect (only shape, dtype and device are read)
+    B, T, V = log_probs.shape
+    U = targets.shape[1] if isinstance(targets, torch.Tensor) and targets.dim() == 2 else 0
+    lattice = torch.empty((), dtype=log_probs.dtype, device=log_probs.device).expand(B, T, U + 1, V)
+    targets, logit_lens, target_lens = validate_rnnt_inputs(lattice, targets, logit_lens, target_lens, blank=blank,
+                                                            logits_name="log_probs")
     # The concatenated layout with int32 lengths on the CPU is the one cuDNN's CTC accepts (torch's ctc_loss
     # documentation); torch falls back to its own kernels where cuDNN's other conditions do not hold.
     valid = ~make_pad_mask(target_lens, targets.size(1))

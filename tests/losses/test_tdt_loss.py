@@ -395,3 +395,22 @@ def test_option_errors():
         tdt_loss(x, tg, tl, ul, reduction="mean_volume")
     # padding beyond target_lens may hold anything, a duration column's index included
     tdt_loss(x, torch.tensor([[1, 2], [3, 9]]), tl, ul)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("column", ["token", "duration"])
+def test_nan_logits_give_a_nan_cost(backend, column):
+    """A NaN logit within an utterance's T_b x (U_b+1) lattice makes its cost NaN (as the RNN-T losses do), not +inf
+    (the reading of "no alignment"); a NaN beyond its lengths changes nothing, nor the other utterances' costs."""
+    durations = (0, 1, 2)
+    x, tg, tl, ul = make_batch(durations, B=3, T=4, U=2, V=5)  # lengths (4, 3, 1) frames, (2, 1, 0) tokens
+    clean, _ = run(backend, x.float(), tg, tl, ul, durations=durations)
+    assert torch.isfinite(clean).all()
+    v = 2 if column == "token" else 5 + 1
+    bad = x.float().clone()
+    bad[0, 1, 1, v] = float("nan")  # inside utterance 0
+    bad[1, 3, 0, v] = float("nan")  # frame 3 of utterance 1, which has 3 frames: padding
+    bad[2, 0, 1, v] = float("nan")  # row 1 of utterance 2, which has no token: padding
+    cost, _ = run(backend, bad, tg, tl, ul, durations=durations)
+    assert torch.isnan(cost[0]) and torch.equal(cost[1:], clean[1:])
+    assert torch.isnan(tdt_loss(bad, tg, tl, ul, durations=durations, backend=backend))  # the mean says so too

@@ -71,8 +71,55 @@ def test_ctc_loss_validation():
     lp = random_log_probs(2, 4, 3)
     with pytest.raises(ValueError, match="reduction"):
         ctc_loss(lp, torch.ones(2, 1, dtype=torch.long), torch.tensor([4, 4]), torch.tensor([1, 1]), reduction="x")
-    with pytest.raises(ValueError, match=r"targets must be padded \(2, U\)"):
+    with pytest.raises(ValueError, match=r"batch sizes disagree: log_probs 2, targets 3"):
         ctc_loss(lp, torch.ones(3, 1, dtype=torch.long), torch.tensor([4, 4]), torch.tensor([1, 1]))
+
+
+V_CTC = 4
+CTC_BAD_INPUTS = [  # (what changes in a valid batch, the message); the RNN-T losses' validator's words
+    (dict(targets=[[1, 4, 2], [3, 1, 0]]), r"targets\[0, 1\] = 4 is outside \[0, V = 4\)"),
+    (dict(targets=[[1, 2, 3], [-1, 1, 0]]), r"targets\[1, 0\] = -1 is outside \[0, V = 4\)"),
+    (dict(targets=[[1, 10**9, 2], [3, 1, 0]]), r"targets\[0, 1\] = 1000000000 is outside"),
+    (dict(targets=[[1, 2, 3], [-10**9, 1, 0]]), r"targets\[1, 0\] = -1000000000 is outside"),
+    (dict(targets=[[1, 0, 2], [3, 1, 0]]), r"targets\[0, 1\] is the blank id 0"),
+    (dict(blank=4), r"blank = 4 is out of range for V = 4"),
+    (dict(blank=-1), r"blank = -1 is out of range for V = 4"),
+    (dict(logit_lens=[5, 6]), r"logit_lens\[1\] = 6 exceeds T = 5"),
+    (dict(logit_lens=[5, 0]), r"logit_lens\[1\] = 0: every utterance needs at least one frame"),
+    (dict(target_lens=[4, 2]), r"target_lens\[0\] = 4 exceeds U = 3"),
+    (dict(target_lens=[3, -1]), r"target_lens\[1\] = -1 is negative"),
+    (dict(targets=[[1.0, 2.0, 3.0], [3.0, 1.0, 0.0]]), r"targets must be an integer tensor, got dtype torch.float32"),
+    (dict(logit_lens=[5.0, 4.0]), r"logit_lens must be an integer tensor"),
+    (dict(target_lens=[True, True]), r"target_lens must be an integer tensor, got dtype torch.bool"),
+    (dict(log_probs="int"), r"log_probs must be float64, float32, float16 or bfloat16, got torch.int64"),
+    (dict(log_probs="B=0"), r"log_probs has batch size 0. Fix: skip empty batches"),
+]
+
+
+@pytest.mark.parametrize("change,message", CTC_BAD_INPUTS, ids=[m for _, m in CTC_BAD_INPUTS])
+def test_ctc_loss_validates_as_the_rnnt_losses(change, message):
+    """Before validation, ids >= V, negative ids and the blank inside targets gave finite numbers read out of
+    range, and ids of +-1e9 could crash the process."""
+    lp = random_log_probs(2, 5, V_CTC)
+    args = dict(log_probs=lp, targets=[[1, 2, 3], [3, 1, 0]], logit_lens=[5, 4], target_lens=[3, 2], blank=0)
+    args.update(change)
+    if args["log_probs"] == "int":
+        args["log_probs"] = torch.zeros(2, 5, V_CTC, dtype=torch.long)
+    elif args["log_probs"] == "B=0":
+        args.update(log_probs=lp[:0], targets=torch.zeros(0, 3, dtype=torch.long), logit_lens=[], target_lens=[])
+    for k in ("targets", "logit_lens", "target_lens"):
+        if not isinstance(args[k], torch.Tensor):
+            args[k] = torch.tensor(args[k], dtype=torch.long if not args[k] else None)
+    with pytest.raises(ValueError, match=message):
+        ctc_loss(args["log_probs"], args["targets"], args["logit_lens"], args["target_lens"], blank=args["blank"])
+
+
+def test_ctc_loss_ignores_padding_beyond_target_lens():
+    lp = random_log_probs(2, 4, 3, seed=5)
+    targets = torch.tensor([[1, 2], [2, -7]])  # -7: padding, never read
+    per_utt = ctc_loss(lp, targets, torch.tensor([4, 3]), torch.tensor([2, 1]), reduction="none")
+    expect = [brute_force_ctc(lp[0], [1, 2]), brute_force_ctc(lp[1, :3], [2])]
+    assert torch.allclose(per_utt, torch.tensor(expect, dtype=torch.float64), rtol=1e-10, atol=1e-10)
 
 
 class LinearEncoder(nn.Module):
