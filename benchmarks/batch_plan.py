@@ -206,7 +206,7 @@ def cmd_cpu_check(args) -> None:
         model = build_model(size, args.vocab, "pruned")
         fake = step_projector(model, vocab_size=args.vocab, policy=args.policy, optimizer="scaled_adam")
         real = step_projector(model, vocab_size=args.vocab, policy=args.policy, optimizer="scaled_adam", fake=False)
-        plan = plan_batches(fake, buckets, budget, safety=args.safety, joint=1, verify="none")
+        plan = plan_batches(fake, buckets, budget, safety=args.safety, joint=1, verify="none", light=args.light)
         for b in plan.buckets:
             res = real(b.batch_size, b.frames, b.tokens)
             peak = max(res.backward_peak, res.optimizer_peak)
@@ -324,6 +324,7 @@ def main() -> None:
     c.add_argument("--policy", default="fp32")
     c.add_argument("--num-buckets", type=int, default=4)
     c.add_argument("--cuts-n", type=int, default=400)
+    c.add_argument("--light", action="store_true", help="four projections per fit instead of six (fit_cost)")
     e = sub.add_parser("device-run")
     e.add_argument("--plans", default="benchmarks/data/batch_plan_gpu.json", help="a `plan --json` file")
     e.add_argument("--policy", default="amp-bf16", help="which of its plans")

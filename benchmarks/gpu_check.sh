@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot GPU check: every GPU number the project still lacks, appended to benchmarks/RESULTS.md, in about
-# 6 minutes on one H100/H200-class GPU (each step has a wall-clock cap; the caps add up to 465 s). From the repo root:
+# 6 minutes on one H100/H200-class GPU (each step has a wall-clock cap; the caps add up to 485 s). From the repo root:
 #   PYTHONPATH=. bash benchmarks/gpu_check.sh             # needs torch with CUDA, numba-cuda, torchaudio
 #   PYTHONPATH=. bash benchmarks/gpu_check.sh --dry-run   # rehearsal on the CPU: every step at toy size,
 #                                                         # numba-cuda in its simulator, tables to a temp file
@@ -22,8 +22,8 @@
 #     search, under fp32, autocast bf16/fp16 and whole-model bf16/fp16 casts (synthetic data, random weights);
 #  8. torch.compile: Zipformer small training step compiled vs eager (fp32, amp-bf16), compile time
 #     (benchmarks/compile.py; the dry run traces with the "eager" backend: no code generation on the CPU);
-#  9. batches sized by memory: the stored --max-memory plan (Zipformer small, amp-bf16, 40 GB; made on the CPU by
-#     benchmarks/batch_plan.py plan) run per bucket: peak / budget, projected / measured, OOM count, padding.
+#  9. batches sized by memory: the stored --max-memory plan (Zipformer medium, amp-bf16, 80 GB; made on the CPU by
+#     benchmarks/batch_plan.py plan) run on its 4 longest buckets: peak / budget, projected / measured, OOMs, padding.
 set -euo pipefail
 PY=${PYTHON:-python}
 case "${1:-}" in
@@ -64,7 +64,7 @@ STREAM_ARGS=(--device cuda --sizes small --policies fp32,bf16 --streams 1,16 --c
 DECODE_ARGS=(--synthetic --size medium --vocab 500 --utts 32 --seconds 10 --runs 2 --device cuda)
 COMPILE_ARGS=(--device cuda --models zipformer:small --precisions fp32,amp-bf16 --batches 8 --warmup 3
   --batch-size 16,32 --frames 500,1500)
-PLAN_ARGS=(device-run --plans benchmarks/data/batch_plan_gpu.json --policy amp-bf16 --device cuda --steps 2)
+PLAN_ARGS=(device-run --plans benchmarks/data/batch_plan_gpu.json --policy amp-bf16 --device cuda --steps 2 --buckets 4)
 if [ "$DRY" = 1 ]; then
   PLAN_ARGS+=(--plans benchmarks/data/batch_plan_dry.json --policy fp32 --device cpu --steps 1 --buckets 1)
   LOSS_ARGS+=(--device cpu --shapes "1,2,1,4" --repeats 1 --peer-repeats 1 --no-mem --threads 1)
@@ -90,7 +90,7 @@ step 50 "Decoding: precision modes x methods, label-looping with and without CUD
   $PY benchmarks/decode.py "${DECODE_ARGS[@]}"
 step 60 "torch.compile: training step compiled vs eager (benchmarks/compile.py)" \
   $PY benchmarks/compile.py "${COMPILE_ARGS[@]}"
-step 40 "Batches sized by memory: a --max-memory plan run per bucket (benchmarks/batch_plan.py)" \
+step 60 "Batches sized by memory: a --max-memory plan run per bucket (benchmarks/batch_plan.py)" \
   $PY benchmarks/batch_plan.py "${PLAN_ARGS[@]}"
 if [ "$failed" -ne 0 ]; then
   echo "gpu_check: $failed step(s) failed; tables so far in $OUT" >&2
