@@ -263,7 +263,10 @@ def _too_small(budget: int, safety: float, bucket: Any, one: float) -> str:
 
 def _largest_batch(fit: CostFit, cap: float, frames: int, tokens: int) -> int:
     per = fit.per_utterance(frames, tokens)
-    n_fb = math.floor((cap - fit.a) / per) if per > 0 else 10**9
+    if not per > 0:  # a step that does not grow with the batch: the projections are not what the fit assumes
+        raise ValueError(f"the fitted step cost does not grow with the batch at T={frames}, U={tokens} "
+                         f"({per:.3g} bytes per utterance; fit points {fit.points})")
+    n_fb = math.floor((cap - fit.a) / per)
     n_opt = math.floor((cap - fit.o) / (frames * fit.i)) if fit.i > 0 else (10**9 if fit.o <= cap else 0)
     return min(n_fb, n_opt)
 
