@@ -9,6 +9,18 @@ What a folder holds (besides checkpoints, ``train.log`` and ``tensorboard/``):
   (where from, the command, what changed), every finished ``epoch`` (losses, skipped batches), ``stopped``
   (why a run stopped on bad data), ``overwrite`` (what ``--overwrite`` deleted).
 
+* ``run.lock``: the lock of the run training in the folder (:func:`lock_experiment`), holding its PID, host and
+  start time.
+
+One run per folder: a training run holds an OS lock (``fcntl.flock``) on ``run.lock`` from
+:func:`prepare_experiment` until :func:`asrprec.training.train` returns, or the process ends: the kernel drops it
+with the process, so a run killed with ``kill -9`` or by a crash leaves no stale lock, and ``--resume auto`` after a
+restart (torchrun's ``--max-restarts``, a requeue) takes it at once. A second run is refused while it is held,
+naming the holder, before anything in the folder changes (so ``--overwrite`` never deletes a running job's files).
+Under torchrun only rank 0 takes it: the ranks of one job are one run, and a refusal ends rank 0, on which torchrun
+stops the job's other ranks. ``flock`` is reliable on one host's file systems; on a network file system shared by
+several hosts it depends on the file system.
+
 Rules (:func:`prepare_experiment`): a new run in a folder that holds another run's checkpoints is refused unless
 ``overwrite`` (which deletes that run's files first); resuming from a checkpoint that is not the newest in the
 folder is refused unless ``overwrite`` (which deletes the newer, abandoned checkpoints), since ``--avg`` or
@@ -21,14 +33,17 @@ training, decoding and export alike; this module imports none of them.
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from asrprec import checkpoint as ckpt
 from asrprec.atomic import atomic_write_text
@@ -40,6 +55,7 @@ log = logging.getLogger(__name__)
 CONFIG_NAME = "config.json"
 MODEL_NAME = "model.json"
 HISTORY_NAME = "history.json"
+LOCK_NAME = "run.lock"
 # model.json entries a resume may change: how the loss is computed is a training choice, not the architecture
 MUTABLE_MODEL_KEYS = ("loss",)
 # what a decode script writes beside the checkpoints (stale once the checkpoints are replaced)
@@ -64,6 +80,80 @@ class ExperimentError(AsrprecError, ValueError):
 class ModelMismatchError(ExperimentError, ckpt.CheckpointMismatchError):
     """A resume with another model than the run's (a :class:`~asrprec.checkpoint.CheckpointMismatchError` too:
     the run's checkpoints do not fit it)."""
+
+
+class ExperimentLockedError(ExperimentError):
+    """Another training run holds the experiment folder's lock."""
+
+
+# -- one run per folder ----------------------------------------------------------------------------
+
+_HELD: dict[Path, int] = {}  # folder (resolved) -> the descriptor of its locked run.lock, for this process
+
+
+def lock_experiment(exp_dir: str | os.PathLike) -> Path:
+    """Take the lock of ``exp_dir`` (module docstring) for this process, recording its PID, host and start time
+    in ``run.lock``; a no-op when this process holds it already. Returns the lock file.
+
+    Raises:
+        ExperimentLockedError: another process holds it; the message names that process and the fix.
+    """
+    exp_dir = Path(exp_dir)
+    key = exp_dir.resolve()
+    if key in _HELD:
+        return exp_dir / LOCK_NAME
+    path = exp_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 4096).decode("utf-8", "replace")
+        os.close(fd)
+        raise ExperimentLockedError(
+            f"{exp_dir} is in use by another training run ({_describe_holder(holder)}; lock {path}): two runs in "
+            "one folder replace each other's checkpoints. Fix: wait for that run to end (or stop it), or train in "
+            "another --exp-dir") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    # Written in place, not through asrprec.atomic: a renamed replacement would be another file, unlocked. The
+    # contents only describe the holder to a refused run; the lock is the flock.
+    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": _now(),
+                         "command": list(sys.argv)})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record.encode(), 0)
+    os.fsync(fd)
+    _HELD[key] = fd
+    return path
+
+
+def _describe_holder(text: str) -> str:
+    try:
+        holder = json.loads(text)
+        return f"PID {holder['pid']} on {holder['host']}, started {holder['started']}"
+    except (ValueError, KeyError, TypeError):
+        return "its PID is not recorded yet"
+
+
+def unlock_experiment(exp_dir: str | os.PathLike) -> None:
+    """Release this process's lock of ``exp_dir`` (if it holds it); ``run.lock`` stays, unlocked."""
+    fd = _HELD.pop(Path(exp_dir).resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the only descriptor of the open file drops its flock
+
+
+def releases_experiment_lock(run: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a function taking a ``cfg`` keyword (a :class:`RunSpec`) so that, however it ends, this process's
+    lock of ``cfg.exp_dir`` is released (the training loop's: its run ends there, though the process may go on)."""
+
+    @functools.wraps(run)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(*args, **kwargs)
+        finally:
+            unlock_experiment(kwargs["cfg"].exp_dir)
+
+    return wrapper
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -277,7 +367,11 @@ def prepare_experiment(cfg: RunSpec, *, rank: int = 0, model_config: dict[str, A
     ``model_config``: the model about to be trained; a resume refuses one that differs from the run's
     ``model.json`` (:func:`check_model_config`).
 
+    On rank 0 it first takes the folder's lock (:func:`lock_experiment`), held until
+    :func:`unlock_experiment` or the process's end.
+
     Raises:
+        ExperimentLockedError: another run holds the folder (checked before anything there changes).
         ExperimentError: a new run in a folder with another run's checkpoints, or a resume from a checkpoint that
             is not the newest, without ``overwrite``; ``overwrite`` with ``--resume latest`` or ``auto``; a resume with
             another model; a resume from the end of the last epoch asked for.
@@ -287,6 +381,8 @@ def prepare_experiment(cfg: RunSpec, *, rank: int = 0, model_config: dict[str, A
     if exp_dir.exists() and not exp_dir.is_dir():
         raise ExperimentError(f"--exp-dir {exp_dir} is a file, not a folder. Fix: pass a folder path")
     exp_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        lock_experiment(exp_dir)
     ckpt.remove_stale_temporaries(exp_dir, rank=rank)
     resume_from = resolve_resume(cfg)
     if resume_from is None:

@@ -49,7 +49,8 @@ from .distributed import (
     raise_failure,
     wrap_model,
 )
-from asrprec.experiment import ExperimentError, append_history, prepare_experiment, record_run_start
+from asrprec.experiment import (ExperimentError, append_history, prepare_experiment, record_run_start,
+                                releases_experiment_lock)
 from .forward import compute_loss
 from .oom import (
     describe_batch,
@@ -443,6 +444,7 @@ def _load_initial_weights(model: nn.Module, cfg: TrainConfig) -> None:
                             fix="pass a checkpoint of a run with this model's flags (its model.json)")
 
 
+@releases_experiment_lock  # taken by prepare_experiment; held until the run returns or fails
 def train(
     *,
     model: nn.Module,
