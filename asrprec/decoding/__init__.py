@@ -12,6 +12,10 @@ for a causal Zipformer (real streaming, with caches; :mod:`.streaming`).
 A TDT model (a joiner with a duration head) is decoded by the same names through the searches of :mod:`.tdt` and
 :mod:`.tdt_label_looping`, which jump over frames by the predicted durations.
 
+``malsd_beam_search`` (method ``malsd_batch``) is a beam search with every hypothesis of the batch in tensors, for
+RNN-T and TDT (:mod:`.batched_beam`). Every search takes a ``fusion`` (:mod:`.fusion`): an n-gram LM, LODR and hot
+phrases as a bonus on non-blank tokens.
+
 CTC heads: ``ctc_greedy_search`` and ``ctc_prefix_beam_search`` take ``(log_probs (B, T, V), log_probs_lens (B,))``
 from ``model.ctc_log_probs`` (:mod:`.ctc`); :func:`decode` runs them by name too.
 """
