@@ -9,6 +9,9 @@ What a folder holds (besides checkpoints, ``train.log`` and ``tensorboard/``):
   (where from, the command, what changed), every finished ``epoch`` (losses, skipped batches), ``stopped``
   (why a run stopped on bad data), ``overwrite`` (what ``--overwrite`` deleted).
 
+* ``bpe.model``: a copy of the run's tokenizer, whose sha256 ``model.json`` records (``"tokenizer"`` entry): a model
+  is useless without the tokenizer it was trained with, and a data folder's may be re-made with other pieces
+  (:func:`adopt_tokenizer`, :func:`experiment_tokenizer`);
 * ``run.lock``: the lock of the run training in the folder (:func:`lock_experiment`), holding its PID, host and
   start time.
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -46,7 +50,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from asrprec import checkpoint as ckpt
-from asrprec.atomic import atomic_write_text
+from asrprec.atomic import atomic_write, atomic_write_text
 from asrprec.errors import AsrprecError
 
 
@@ -56,6 +60,9 @@ CONFIG_NAME = "config.json"
 MODEL_NAME = "model.json"
 HISTORY_NAME = "history.json"
 LOCK_NAME = "run.lock"
+TOKENIZER_NAME = "bpe.model"
+# the model.json entry recording the tokenizer copy ({"file": "bpe.model", "sha256": ...}); no builder argument
+TOKENIZER_KEY = "tokenizer"
 # model.json entries a resume may change: how the loss is computed is a training choice, not the architecture
 MUTABLE_MODEL_KEYS = ("loss",)
 # what a decode script writes beside the checkpoints (stale once the checkpoints are replaced)
@@ -84,6 +91,10 @@ class ModelMismatchError(ExperimentError, ckpt.CheckpointMismatchError):
 
 class ExperimentLockedError(ExperimentError):
     """Another training run holds the experiment folder's lock."""
+
+
+class TokenizerMismatchError(ExperimentError):
+    """The tokenizer given is not the one the experiment's model was trained with."""
 
 
 # -- one run per folder ----------------------------------------------------------------------------
@@ -194,6 +205,7 @@ def read_model_config(exp_dir: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ExperimentError(f"{path} holds a JSON {type(value).__name__}, not an object of model settings. "
                               f"Fix: {fix}")
+    value.pop(TOKENIZER_KEY, None)  # the tokenizer record, not a builder argument
     return value
 
 
@@ -250,8 +262,9 @@ def check_model_config(exp_dir: str | os.PathLike, model_config: dict[str, Any] 
         return
     stored = _read_json(path, "the run's model", "delete it if the checkpoints are the only record you trust")
     new = _jsonable(model_config)
-    diff = _differences({k: v for k, v in stored.items() if k not in MUTABLE_MODEL_KEYS},
-                        {k: v for k, v in new.items() if k not in MUTABLE_MODEL_KEYS})
+    keep = set(MUTABLE_MODEL_KEYS) | {TOKENIZER_KEY}  # a tokenizer change has its own check (adopt_tokenizer)
+    diff = _differences({k: v for k, v in stored.items() if k not in keep},
+                        {k: v for k, v in new.items() if k not in keep})
     if diff:
         raise ModelMismatchError(
             f"{path} records another model than the one this command builds ({'; '.join(diff[:6])}). Resuming would "
@@ -277,7 +290,7 @@ def record_model_config(exp_dir: str | os.PathLike, model_config: dict[str, Any]
 
 def _run_files(exp_dir: Path) -> list[Path]:
     files = ckpt.training_checkpoints(exp_dir) + [p for p in (ckpt.bad_model_path(exp_dir),) if p.is_file()]
-    files += [exp_dir / n for n in (MODEL_NAME, CONFIG_NAME) if (exp_dir / n).is_file()]
+    files += [exp_dir / n for n in (MODEL_NAME, CONFIG_NAME, TOKENIZER_NAME) if (exp_dir / n).is_file()]
     files += sorted(p for pattern in _DECODE_OUTPUTS for p in exp_dir.glob(pattern))
     if (exp_dir / "tensorboard").is_dir():
         files.append(exp_dir / "tensorboard")
@@ -444,6 +457,94 @@ def record_run_start(exp_dir: str | os.PathLike, *, model_config: dict[str, Any]
     append_history(exp_dir, {"event": "resume", **resume, **event, "changed": changed})
     if changed:
         log.info("resumed with changed settings: %s", "; ".join(changed))
+
+
+# -- the tokenizer of an experiment ----------------------------------------------------------------
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _refuse_other_tokenizer(exp_dir: Path, given: Path, use: str, fix: str) -> None:
+    """Raise :class:`TokenizerMismatchError` if ``given`` is not the same file as the folder's copy."""
+    copy = exp_dir / TOKENIZER_NAME
+    ours, theirs = file_sha256(copy), file_sha256(given)
+    if ours != theirs:
+        raise TokenizerMismatchError(
+            f"the tokenizer {given} (sha256 {theirs[:16]}...) is not the one the model in {exp_dir} was trained "
+            f"with ({copy}, sha256 {ours[:16]}...): its ids mean other pieces, and {use} with it gives garbage. "
+            f"Fix: {fix}")
+
+
+def adopt_tokenizer(exp_dir: str | os.PathLike, given: str | os.PathLike, model_config: dict[str, Any] | None, *,
+                    resuming: bool, rank: int = 0) -> dict[str, Any] | None:
+    """Seal the run's tokenizer into its folder (after :func:`prepare_experiment` accepted the run): a new run
+    copies ``given`` to ``bpe.model`` (rank 0); a resume checks that ``given`` is the folder's copy. Returns
+    ``model_config`` with the copy's record (``model.json``'s ``"tokenizer"`` entry) added.
+
+    A folder from before runs kept a copy is resumed with ``given`` as it is (logged), and stays without one.
+
+    Raises:
+        TokenizerMismatchError: a resume with another tokenizer than the folder's copy (both digests named).
+    """
+    exp_dir, given = Path(exp_dir), Path(given)
+    copy = exp_dir / TOKENIZER_NAME
+    if resuming and not copy.is_file():
+        log.info("%s holds no copy of its tokenizer (trained before runs kept one): resuming with %s", exp_dir, given)
+        return model_config
+    if resuming:
+        _refuse_other_tokenizer(exp_dir, given, "training on", f"resume with the tokenizer the run was trained with "
+                                f"(the data folder's was re-made: restore it from {copy}, and re-make the cuts' "
+                                f"token counts if they came from the new one), or train on the new tokenizer in "
+                                f"another --exp-dir")
+    elif rank == 0:
+        atomic_write(copy, lambda f: f.write(given.read_bytes()))
+    if model_config is None:
+        return None
+    return {**model_config, TOKENIZER_KEY: {"file": TOKENIZER_NAME, "sha256": file_sha256(given)}}
+
+
+def experiment_tokenizer(exp_dir: str | os.PathLike, given: Any) -> Path:
+    """The tokenizer file to decode or export the model of ``exp_dir`` with: the folder's copy when it has one,
+    else ``given`` (logged). ``given``: a path, an object with ``model_path`` (a
+    :class:`~asrprec.tokenizer.Tokenizer`), or a function returning either (called here; a missing file is no
+    error when the folder has its copy).
+
+    Raises:
+        TokenizerMismatchError: ``given`` exists and differs from the folder's copy (both digests named), or the
+            copy differs from the digest ``model.json`` recorded.
+    """
+    exp_dir = Path(exp_dir)
+    copy = exp_dir / TOKENIZER_NAME
+
+    def resolve() -> Path:
+        value = given() if callable(given) else given
+        return Path(getattr(value, "model_path", value))
+
+    if not copy.is_file():
+        path = resolve()
+        log.info("%s holds no copy of its tokenizer (trained before runs kept one): using %s", exp_dir, path)
+        return path
+    recorded = (_read_json(exp_dir / MODEL_NAME, "the model", "restore it from the run's config.json 'model' entry")
+                if (exp_dir / MODEL_NAME).is_file() else {})
+    want = (recorded.get(TOKENIZER_KEY) or {}).get("sha256") if isinstance(recorded, dict) else None
+    if want is not None and file_sha256(copy) != want:
+        raise TokenizerMismatchError(f"{copy} (sha256 {file_sha256(copy)[:16]}...) is not the tokenizer "
+                                     f"{exp_dir / MODEL_NAME} records (sha256 {want[:16]}...): it was changed after "
+                                     "training. Fix: restore it from the data folder the run was trained on")
+    try:
+        path = resolve()
+    except FileNotFoundError:
+        return copy
+    if path.is_file() and path.resolve() != copy.resolve():
+        _refuse_other_tokenizer(exp_dir, path, "decoding", f"restore {path} from the folder's copy ({copy}), or "
+                                "pass the --data-dir the model was trained on")
+    return copy
 
 
 # -- the model of an experiment ----------------------------------------------------------------------

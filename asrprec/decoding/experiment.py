@@ -293,12 +293,13 @@ def decode_from_args(args: Any, *, tokenizer_path: str | Path | Callable[[], str
     from asrprec.data import AsrDataModule, DataConfig
     from asrprec.tokenizer import Tokenizer
     from asrprec.cli import precision_options_from_args, setup_logging
+    from asrprec.experiment import experiment_tokenizer
 
     setup_logging()
     cfg = decode_config_from_args(args)
     setup = load_for_decoding(args.exp_dir, cfg, precision_options_from_args(args))
     print("weights:", setup.weights)
-    tokenizer = Tokenizer(tokenizer_path() if callable(tokenizer_path) else tokenizer_path)
+    tokenizer = Tokenizer(experiment_tokenizer(args.exp_dir, tokenizer_path))  # the folder's copy when it has one
     cuts, padded = with_tail_padding(load_splits(), cfg)  # --tail-padding: the stream a sherpa-onnx client sends
     data = AsrDataModule(DataConfig(max_duration=max_duration, on_the_fly_feats=on_the_fly_feats or padded))
     return decode_splits(setup, cuts, data.test_dataloader, tokenizer, cfg, args.exp_dir)

@@ -5,6 +5,7 @@ tokenizer and default folder."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from asrprec.config import option
 from asrprec.models.icefall import icefall_args_option, parse_icefall_source
 
 __all__ = ["ExportConfig", "export_experiment"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,7 +82,9 @@ def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
     else:
         model, _, source = load_experiment_model(Path(cfg.exp_dir), cfg.epoch, cfg.avg, cfg.use_averaged_model,
                                                  allow_nonfinite=cfg.allow_nonfinite)
-    if callable(tokenizer):
+    if icefall is None:  # the folder's copy of the tokenizer when it has one
+        tokenizer = _experiment_tokenizer(Path(cfg.exp_dir), tokenizer)
+    elif callable(tokenizer):
         tokenizer = tokenizer()
     print("weights:", source)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.exp_dir) / f"onnx-{cfg.tag()}"
@@ -105,6 +110,20 @@ def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
         print(f"wrote {e.encoder.name}, {e.decoder.name}, {e.joiner.name}")
     print(f"in {out_dir} with tokens.txt")
     return out_dir
+
+
+def _experiment_tokenizer(exp_dir: Path, given: Any) -> Any:
+    """The folder's copy of the tokenizer when it has one (``given``, a tokenizer or a function returning one, must
+    then be the same file, or be missing), else ``given`` (:func:`asrprec.experiment.experiment_tokenizer`)."""
+    from asrprec.experiment import TOKENIZER_NAME, experiment_tokenizer
+    from asrprec.tokenizer import Tokenizer
+
+    if (exp_dir / TOKENIZER_NAME).is_file():
+        return Tokenizer(experiment_tokenizer(exp_dir, given))
+    given = given() if callable(given) else given
+    log.info("%s holds no copy of its tokenizer (trained before runs kept one): using %s", exp_dir,
+             getattr(given, "model_path", given))
+    return given
 
 
 def _export_ctc(cfg: ExportConfig, model: Any, tokenizer: Any, out_dir: Path) -> None:

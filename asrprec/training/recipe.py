@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from asrprec.config import dataclass_from_args
-from asrprec.experiment import prepare_experiment
+from asrprec.experiment import adopt_tokenizer, prepare_experiment
 from asrprec.models.icefall import icefall_training_model, parse_icefall_source
 
 from asrprec.cli import policy_from_args
@@ -56,6 +56,8 @@ def train_from_args(args: argparse.Namespace, *, tokenizer_path: str | Path | Ca
     else:
         model, model_config = build_model_from_args(args, tokenizer, **model_kwargs)
     resume_from = prepare_experiment(cfg, rank=get_rank(), model_config=model_config)
+    model_config = adopt_tokenizer(cfg.exp_dir, tokenizer.model_path, model_config, resuming=resume_from is not None,
+                                   rank=get_rank())  # the folder keeps a copy; a resume must use the same one
     cuts, checks = check_splits(load_splits(), dataclass_from_args(CheckOptions, args), tokenizer,
                                 model.min_input_frames)
     decisions = dict(data_decisions or {})
