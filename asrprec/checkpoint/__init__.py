@@ -77,7 +77,8 @@ from .io import (
 from .integrity import DIGEST_KEY, weights_digest
 
 __all__ = [
-    "BAD_MODEL_NAME", "BATCH_PATTERN", "CheckpointError", "CheckpointIntegrityError", "CheckpointMismatchError", "CheckpointPolicyWarning",
+    "BAD_MODEL_NAME", "BATCH_PATTERN", "CheckpointError", "CheckpointIntegrityError", "CheckpointMismatchError",
+    "CheckpointPolicyWarning",
     "CheckpointReadError", "EPOCH_PATTERN", "FORMAT_VERSION", "RunningAverage", "atomic_torch_save",
     "atomic_write_text", "average_between", "average_checkpoints", "bad_model_path", "batch_checkpoint_path",
     "checkpoint_number", "checkpoint_position", "epoch_checkpoint_path", "find_epoch_checkpoints",

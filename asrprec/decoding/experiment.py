@@ -40,7 +40,8 @@ class DecodeConfig:
                             help="decode an icefall Zipformer checkpoint instead of the folder's (results go to "
                                  "--exp-dir)")
     icefall_args: str = icefall_args_option()
-    allow_nonfinite: bool = option(False, help="load checkpoints whose weights hold NaN or Inf (refused by default, naming the tensor) with a warning, to debug a run that diverged")
+    allow_nonfinite: bool = option(False, help="load checkpoints whose weights hold NaN or Inf (refused by default, "
+                                               "naming the tensor) with a warning, to debug a run that diverged")
     avg: int = option(1, help="average the last AVG epoch checkpoints ending at --epoch")
     use_averaged_model: bool = option(
         False, help="decode with the mean of the weights sampled (every --average-period batches) after epoch "

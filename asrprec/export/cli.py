@@ -27,7 +27,8 @@ class ExportConfig:
     init_from: str = option("", metavar="icefall:FILE", help="export an icefall Zipformer checkpoint instead of the "
                                                              "folder's")
     icefall_args: str = icefall_args_option()
-    allow_nonfinite: bool = option(False, help="load checkpoints whose weights hold NaN or Inf (refused by default, naming the tensor) with a warning, to debug a run that diverged")
+    allow_nonfinite: bool = option(False, help="load checkpoints whose weights hold NaN or Inf (refused by default, "
+                                               "naming the tensor) with a warning, to debug a run that diverged")
     avg: int = option(1, help="average the last AVG epoch checkpoints ending at --epoch")
     use_averaged_model: bool = option(False, help="the running average of the weights over those epochs (as "
                                                   "decode.py)")

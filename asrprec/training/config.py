@@ -36,7 +36,9 @@ class TrainConfig:
                                  "architecture), or from an icefall Zipformer checkpoint (icefall:FILE, whose "
                                  "architecture replaces the model flags); new optimizer and schedule")
     icefall_args: str = icefall_args_option()
-    allow_nonfinite: bool = option(False, help="--init-from and --resume: load checkpoints whose weights hold NaN or Inf (refused by default, naming the tensor) with a warning, to debug a run that diverged")
+    allow_nonfinite: bool = option(False, help="--init-from and --resume: load checkpoints whose weights hold NaN or "
+                                               "Inf (refused by default, naming the tensor) with a warning, to debug a "
+                                               "run that diverged")
     overwrite: bool = option(False, help="start a new run in an --exp-dir that holds another run's checkpoints "
                                          "(deleting them), or resume from an older checkpoint (deleting the newer "
                                          "ones)")
