@@ -76,3 +76,16 @@ def train_tokenizer(texts: list[str], model: Path, vocab_size: int, *, model_typ
                           "for train.py and decode.py") from None
     log.info("tokenizer: %s", tokenizer)
     return tokenizer
+
+
+def run_stages(stages: Sequence[Callable[[Any, Any], None]], args: Any, data: Any, start: int, stop: int) -> None:
+    """Run ``stages[start..stop]`` (a recipe's ``--stage`` / ``--stop-stage``) in order, each as ``stage(args, data)``,
+    logging its name and time."""
+    import time
+
+    for i, stage in enumerate(stages):
+        if start <= i <= stop:
+            began = time.perf_counter()
+            logging.info("stage %d: %s", i, stage.__name__.removeprefix("stage_"))
+            stage(args, data)
+            logging.info("stage %d done in %.1f s", i, time.perf_counter() - began)

@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import time
 from pathlib import Path
 
 from asrprec.config import add_dataclass_args, dataclass_from_args
 from asrprec.data import compute_fbank, load_cuts
 from asrprec.data.corpora import PreparedData, musan_noise_cuts, prepare_musan_manifests
 from asrprec.data.preparation import (
-    input_digests, make_audio_cuts, make_fbank, make_shuffled_cuts, train_tokenizer,
+    input_digests, make_audio_cuts, make_fbank, make_shuffled_cuts, run_stages, train_tokenizer,
 )
 from asrprec.data.sources import (
     ImportOptions, detect_format, import_split, source_files, source_path, test_split_names, write_splits,
@@ -127,13 +126,7 @@ STAGES = (stage_import, stage_speed_perturb, stage_fbank, stage_musan, stage_tok
 def main() -> None:
     args = get_parser().parse_args()
     setup_logging()
-    data = PreparedData(args.data_dir, prefix="custom")
-    for i, stage in enumerate(STAGES):
-        if args.stage <= i <= args.stop_stage:
-            start = time.perf_counter()
-            logging.info("stage %d: %s", i, stage.__name__.removeprefix("stage_"))
-            stage(args, data)
-            logging.info("stage %d done in %.1f s", i, time.perf_counter() - start)
+    run_stages(STAGES, args, PreparedData(args.data_dir, prefix="custom"), args.stage, args.stop_stage)
 
 
 if __name__ == "__main__":

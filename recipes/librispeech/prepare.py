@@ -25,9 +25,7 @@ vocabulary too large) end the program with one line naming the fix.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import time
 from pathlib import Path
 
 from asrprec.data import compute_fbank
@@ -37,7 +35,7 @@ from asrprec.data.corpora import (
     prepare_librispeech_manifests, prepare_musan_manifests,
 )
 from asrprec.data.download import OPENSLR_URL
-from asrprec.data.preparation import make_audio_cuts, make_fbank, make_shuffled_cuts, train_tokenizer
+from asrprec.data.preparation import make_audio_cuts, make_fbank, make_shuffled_cuts, run_stages, train_tokenizer
 from asrprec.cli import run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
@@ -138,13 +136,7 @@ STAGES = (stage_download, stage_manifests, stage_speed_perturb, stage_fbank, sta
 def main() -> None:
     args = get_parser().parse_args()
     setup_logging()
-    data = PreparedData(args.data_dir)
-    for i, stage in enumerate(STAGES):
-        if args.stage <= i <= args.stop_stage:
-            start = time.perf_counter()
-            logging.info("stage %d: %s", i, stage.__name__.removeprefix("stage_"))
-            stage(args, data)
-            logging.info("stage %d done in %.1f s", i, time.perf_counter() - start)
+    run_stages(STAGES, args, PreparedData(args.data_dir), args.stage, args.stop_stage)
 
 
 if __name__ == "__main__":
