@@ -1,0 +1,176 @@
+"""Word times from token times: token frames → word spans (seconds), CTC frame labels → token runs, CTM files.
+
+Time grid: features are computed every 10 ms (:mod:`asrprec.data.features`) and every encoder here subsamples them
+4x, so one encoder frame is 40 ms (:data:`FRAME_SHIFT_S`): the Conformer's ``Conv2dSubsampling`` divides by 4
+(:mod:`asrprec.models.subsampling`); the Zipformer's front-end divides by 2 (100 → 50 Hz,
+:mod:`asrprec.models.zipformer.frontend`) and its output downsampling by 2 more (``output_downsampling_factor=2``).
+Encoder frame ``t`` covers ``[t, t + 1) * 0.04`` s of the input (icefall's convention, ``frame_shift_ms *
+subsampling_factor``; k2-fsa/icefall egs/librispeech/ASR/zipformer/decode.py ``--subsampling-factor``).
+
+Rules (:func:`word_spans`), on sentencepiece pieces:
+
+* a piece starting with ``▁`` starts a word; the first piece of a hypothesis starts one whatever it is;
+* a word starts at the frame of its first *timed* piece: punctuation (``.``, ``,``, ``?`` …) and blank-like pieces
+  (``<blk>``, ``<s>``, ``</s>``, ``<pad>``, a bare ``▁``) have zero duration and neither start nor extend a
+  word's span; they still join its text;
+* a word ends at the end of its last timed piece: that piece's frame + 1 (RNN-T, CTC spikes), or + its duration in
+  frames (TDT's predicted duration, or a CTC run's length from :func:`ctc_token_runs`; at least 1), then capped at the
+  next word's start and at the utterance's last frame. A word made only of zero-duration pieces lasts 0 s.
+
+Punctuation gets no duration because a TDT model emits it with a long duration (the frames it skips to the next
+word): a port of NeMo's TDT timestamps saw word ends drift by up to 560 ms until it did so (NVIDIA/NeMo
+``nemo/collections/asr/parts/utils/timestamp_utils.py`` refines TDT punctuation to zero duration the same way).
+An empty hypothesis gives no words (NeMo #14427 failed there).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from asrprec.atomic import atomic_write_text
+
+__all__ = ["FEATURE_SHIFT_S", "FRAME_SHIFT_S", "SUBSAMPLING_FACTOR", "WORD_START", "WordSpan", "ctc_token_runs",
+           "ctm_path", "format_ctm", "is_zero_duration", "word_spans", "words_from_ids", "write_ctm"]
+
+FEATURE_SHIFT_S = 0.01  # fbank frame shift
+SUBSAMPLING_FACTOR = 4  # Conformer: Conv2dSubsampling 4x; Zipformer: front-end 2x, output downsampling 2x
+FRAME_SHIFT_S = FEATURE_SHIFT_S * SUBSAMPLING_FACTOR  # one encoder frame: 40 ms
+WORD_START = "\u2581"  # sentencepiece's "▁"
+
+_SPECIALS = frozenset({"<blk>", "<s>", "</s>", "<pad>", "<sos/eos>", "<eps>", WORD_START})
+
+
+@dataclass(frozen=True)
+class WordSpan:
+    """One word and its time in seconds: ``start`` <= ``end``."""
+
+    word: str
+    start: float
+    end: float
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def centre(self) -> float:
+        return 0.5 * (self.start + self.end)
+
+    def shifted(self, seconds: float) -> "WordSpan":
+        return WordSpan(self.word, self.start + seconds, self.end + seconds)
+
+
+def is_zero_duration(piece: str) -> bool:
+    """Punctuation and blank-like pieces: no characters but punctuation (after ``▁``), or a special symbol."""
+    if piece in _SPECIALS:
+        return True
+    body = piece.lstrip(WORD_START)
+    return not any(c.isalnum() for c in body)
+
+
+def _piece_text(piece: str) -> str:
+    return "" if piece in _SPECIALS else piece.replace(WORD_START, "")
+
+
+def word_spans(pieces: Sequence[str], frames: Sequence[int], durations: Sequence[int] | None = None, *,
+               num_frames: int | None = None, frame_shift: float = FRAME_SHIFT_S,
+               offset: float = 0.0) -> list[WordSpan]:
+    """Word spans of one hypothesis (rules in the module docstring).
+
+    Args:
+        pieces: the hypothesis' sentencepiece pieces (U,), blank excluded.
+        frames: (U,) encoder frame of each piece, non-decreasing, >= 0.
+        durations: (U,) frames each piece lasts (TDT durations, CTC run lengths), or None: one frame each.
+        num_frames: the utterance's encoder frames; spans end no later than ``num_frames * frame_shift``.
+        frame_shift: seconds per encoder frame. offset: seconds added to every time (a chunk's start).
+    Returns:
+        One :class:`WordSpan` per word, in order; ``[]`` for an empty hypothesis or one of only blank-like pieces.
+    Raises:
+        ValueError naming the argument for unequal lengths, negative or decreasing frames, negative durations.
+    """
+    U = len(pieces)
+    if len(frames) != U or (durations is not None and len(durations) != U):
+        raise ValueError(f"pieces, frames and durations must have equal lengths, got {U}, {len(frames)}, "
+                         f"{None if durations is None else len(durations)}")
+    frames = [int(f) for f in frames]
+    if any(f < 0 for f in frames) or any(b < a for a, b in zip(frames, frames[1:])):
+        raise ValueError(f"frames must be non-decreasing and >= 0, got {frames}")
+    if durations is not None and any(int(d) < 0 for d in durations):
+        raise ValueError(f"durations must be >= 0, got {list(durations)}")
+    limit = math.inf if num_frames is None else int(num_frames)
+
+    # group pieces into words: [text, first timed frame or None, end frame of last timed piece, first frame]
+    words: list[list] = []
+    for i, piece in enumerate(pieces):
+        if not words or piece.startswith(WORD_START):
+            words.append(["", None, None, frames[i]])
+        w = words[-1]
+        w[0] += _piece_text(piece)
+        if is_zero_duration(piece):
+            continue
+        d = 1 if durations is None else max(1, int(durations[i]))
+        if w[1] is None:
+            w[1] = frames[i]
+        w[2] = frames[i] + d
+    out: list[WordSpan] = []
+    for k, (text, start, end, first) in enumerate(words):
+        if not text:  # only blank-like pieces (a bare "▁" at the very end)
+            continue
+        if start is None:  # only zero-duration pieces: an instant at the first piece
+            start = end = first
+        nxt = next((w[1] if w[1] is not None else w[3] for w in words[k + 1:] if w[0]), math.inf)
+        end = max(start, min(end, nxt, limit))
+        start = min(start, end)
+        out.append(WordSpan(text, offset + start * frame_shift, offset + end * frame_shift))
+    return out
+
+
+def words_from_ids(id_to_piece: Callable[[int], str], tokens: Sequence[int], frames: Sequence[int],
+                   durations: Sequence[int] | None = None, **kwargs) -> list[WordSpan]:
+    """:func:`word_spans` of token ids, read through ``id_to_piece`` (e.g. ``Tokenizer.id_to_piece``)."""
+    return word_spans([id_to_piece(int(t)) for t in tokens], frames, durations, **kwargs)
+
+
+def ctc_token_runs(frame_labels: Sequence[int], blank_id: int = 0) -> tuple[list[int], list[int], list[int]]:
+    """CTC's best path (T,) frame labels → ``(tokens, frames, durations)``: repeats collapsed, blanks dropped; each
+    token's first frame and the length of its run of repeats (a spike is a run of 1)."""
+    tokens: list[int] = []
+    frames: list[int] = []
+    durations: list[int] = []
+    prev = blank_id
+    for t, k in enumerate(int(x) for x in frame_labels):
+        if k != blank_id and k == prev:
+            durations[-1] += 1
+        elif k != blank_id:
+            tokens.append(k)
+            frames.append(t)
+            durations.append(1)
+        prev = k
+    return tokens, frames, durations
+
+
+def ctm_path(exp_dir: str | Path, split: str, tag: str) -> Path:
+    """``<exp_dir>/ctm-<split>-<tag>.txt``, beside the recogs file of the same split and tag."""
+    return Path(exp_dir) / f"ctm-{split}-{tag}.txt"
+
+
+def format_ctm(utterances: Iterable[tuple[str, Sequence[WordSpan]]], channel: str = "1") -> str:
+    """NIST CTM text: one line per word, ``<utterance> <channel> <start> <duration> <word>`` (seconds, 2 decimals),
+    utterances sorted by id and words by start (sclite's order). ValueError for an id or word holding whitespace."""
+    lines = []
+    for utt, words in sorted(utterances, key=lambda x: x[0]):
+        if not utt or any(c.isspace() for c in utt):
+            raise ValueError(f"CTM utterance ids must be non-empty without whitespace, got {utt!r}")
+        for w in sorted(words, key=lambda w: (w.start, w.end)):
+            if not w.word or any(c.isspace() for c in w.word):
+                raise ValueError(f"CTM words must be non-empty without whitespace, got {w.word!r} in {utt}")
+            lines.append(f"{utt} {channel} {w.start:.2f} {w.duration:.2f} {w.word}\n")
+    return "".join(lines)
+
+
+def write_ctm(path: str | Path, utterances: Iterable[tuple[str, Sequence[WordSpan]]], channel: str = "1") -> Path:
+    """Write :func:`format_ctm` to ``path`` atomically (:mod:`asrprec.atomic`)."""
+    return atomic_write_text(path, format_ctm(utterances, channel))
