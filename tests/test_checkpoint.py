@@ -14,6 +14,8 @@ from torch import nn
 from asrprec.checkpoint import (
     CheckpointMismatchError,
     CheckpointPolicyWarning,
+    LoadOptions,
+    TrainingObjects,
     average_checkpoints,
     epoch_checkpoint_path,
     find_epoch_checkpoints,
@@ -93,14 +95,16 @@ def test_resume_reproduces_next_step(tmp_path, policy_name):
     first = [train_step(model, opt, sched, scaler, policy) for _ in range(2)]
     sampler.consumed = 10
     path = save_checkpoint(
-        tmp_path / "checkpoint-2.pt", model=model, optimizer=opt, scheduler=sched, scaler=scaler,
-        sampler=sampler, policy=policy, config={"lr": 0.05}, extra={"batch_idx_train": 2, "epoch": 1},
+        tmp_path / "checkpoint-2.pt", TrainingObjects(model=model, optimizer=opt, scheduler=sched, scaler=scaler,
+                                                      sampler=sampler),
+        policy=policy, config={"lr": 0.05}, extra={"batch_idx_train": 2, "epoch": 1},
     )
     seed_all(999)  # disturb every RNG
     policy, model2, opt2, sched2, scaler2 = make_parts(policy_name, init_seed=1)
     sampler2 = Sampler()
     info = load_checkpoint(
-        path, model=model2, optimizer=opt2, scheduler=sched2, scaler=scaler2, sampler=sampler2, policy=policy
+        path, TrainingObjects(model=model2, optimizer=opt2, scheduler=sched2, scaler=scaler2, sampler=sampler2),
+        policy=policy
     )
     assert info["extra"] == {"batch_idx_train": 2, "epoch": 1}
     assert info["config"] == {"lr": 0.05}
@@ -118,11 +122,11 @@ def test_resume_reproduces_next_step(tmp_path, policy_name):
 def test_round_trip_restores_rng_streams(tmp_path):
     policy, model, opt, sched, scaler = make_parts("fp32", 0)
     _, avg, _, _, _ = make_parts("fp32", 4)
-    save_checkpoint(tmp_path / "a.pt", model=model, policy=policy, model_avg=avg)
+    save_checkpoint(tmp_path / "a.pt", TrainingObjects(model=model, model_avg=avg), policy=policy)
     after_save = (torch.rand(3), np.random.rand(3), random.random())
     seed_all(7)
     _, avg2, _, _, _ = make_parts("fp32", 5)
-    load_checkpoint(tmp_path / "a.pt", model=model, model_avg=avg2)
+    load_checkpoint(tmp_path / "a.pt", TrainingObjects(model=model, model_avg=avg2))
     assert all(torch.equal(avg2.state_dict()[k], v) for k, v in avg.state_dict().items())
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(after_save[0], again[0])
@@ -130,35 +134,35 @@ def test_round_trip_restores_rng_streams(tmp_path):
     assert after_save[2] == again[2]
     seed_all(7)
     x = torch.rand(3)
-    load_checkpoint(tmp_path / "a.pt", model=model, restore_rng=False)
+    load_checkpoint(tmp_path / "a.pt", TrainingObjects(model=model), options=LoadOptions(restore_rng=False))
     seed_all(7)
     assert torch.equal(torch.rand(3), x)
 
 
 def test_weights_cross_policy_and_optimizer_mismatch(tmp_path):
     policy32, model32, opt32, _, _ = make_parts("fp32", 0)
-    path = save_checkpoint(tmp_path / "fp32.pt", model=model32, optimizer=opt32, policy=policy32)
+    path = save_checkpoint(tmp_path / "fp32.pt", TrainingObjects(model=model32, optimizer=opt32), policy=policy32)
     policy16, model16, opt16, _, _ = make_parts("bf16", 5)
     with pytest.warns(CheckpointPolicyWarning, match="'fp32'"):
-        load_checkpoint(path, model=model16, policy=policy16)
+        load_checkpoint(path, TrainingObjects(model=model16), policy=policy16)
     for k, v in model32.state_dict().items():
         got = model16.state_dict()[k]
         assert got.dtype == (torch.bfloat16 if v.is_floating_point() else v.dtype)
         assert torch.equal(got, v.to(got.dtype)), k
     with pytest.raises(CheckpointMismatchError, match="Fix: resume under the saved policy"):
         with pytest.warns(CheckpointPolicyWarning):
-            load_checkpoint(path, model=model16, optimizer=opt16, policy=policy16)
+            load_checkpoint(path, TrainingObjects(model=model16, optimizer=opt16), policy=policy16)
     # and the other way: bf16 master-weights state into a plain optimizer
-    path16 = save_checkpoint(tmp_path / "bf16.pt", model=model16, optimizer=opt16, policy=policy16)
+    path16 = save_checkpoint(tmp_path / "bf16.pt", TrainingObjects(model=model16, optimizer=opt16), policy=policy16)
     with pytest.raises(CheckpointMismatchError, match="optimizer=None"):
-        load_checkpoint(path16, model=model32, optimizer=opt32)
+        load_checkpoint(path16, TrainingObjects(model=model32, optimizer=opt32))
     with pytest.raises(CheckpointMismatchError, match="no 'scheduler'"):
-        load_checkpoint(path16, scheduler=torch.optim.lr_scheduler.StepLR(opt32, 1))
+        load_checkpoint(path16, TrainingObjects(scheduler=torch.optim.lr_scheduler.StepLR(opt32, 1)))
 
 
 def test_atomic_write_keeps_old_checkpoint(tmp_path, monkeypatch):
     _, model, _, _, _ = make_parts("fp32", 0)
-    path = save_checkpoint(tmp_path / "epoch-1.pt", model=model, extra={"epoch": 1})
+    path = save_checkpoint(tmp_path / "epoch-1.pt", TrainingObjects(model=model), extra={"epoch": 1})
     before = path.read_bytes()
     real_save = torch.save
 
@@ -170,23 +174,25 @@ def test_atomic_write_keeps_old_checkpoint(tmp_path, monkeypatch):
     with torch.no_grad():
         model[0].weight.add_(1.0)
     with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(path, model=model, extra={"epoch": 2})
+        save_checkpoint(path, TrainingObjects(model=model), extra={"epoch": 2})
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["epoch-1.pt"]  # no temporary file left
-    assert load_checkpoint(path, restore_rng=False)["extra"] == {"epoch": 1}
+    assert load_checkpoint(path, TrainingObjects(), options=LoadOptions(restore_rng=False))["extra"] == {"epoch": 1}
 
 
-def test_only_rank_zero_writes_and_wrappers_are_unwrapped(tmp_path):
+def test_only_rank_zero_writes_and_wrappers_are_unwrapped(tmp_path, monkeypatch):
     _, model, _, _, _ = make_parts("fp32", 0)
-    assert save_checkpoint(tmp_path / "r1.pt", model=model, rank=1) is None
+    with monkeypatch.context() as m:
+        m.setattr("asrprec.checkpoint.io.get_rank", lambda: 1)
+        assert save_checkpoint(tmp_path / "r1.pt", TrainingObjects(model=model)) is None
     assert not (tmp_path / "r1.pt").exists()
     wrapped = nn.DataParallel(model)  # same .module convention as DistributedDataParallel
-    path = save_checkpoint(tmp_path / "w.pt", model=wrapped)
+    path = save_checkpoint(tmp_path / "w.pt", TrainingObjects(model=wrapped))
     state = torch.load(path, weights_only=True)["model"]
     assert set(state) == set(model.state_dict())
     _, fresh, _, _, _ = make_parts("fp32", 3)
-    load_checkpoint(path, model=nn.DataParallel(fresh), restore_rng=False)
+    load_checkpoint(path, TrainingObjects(model=nn.DataParallel(fresh)), options=LoadOptions(restore_rng=False))
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())
 
 
@@ -211,7 +217,7 @@ def test_average_equals_arithmetic_mean(tmp_path, policy_name):
         model(torch.randn(4, 6).to(next(model.parameters()).dtype))  # moves BN stats, num_batches_tracked
         if e == 3:
             model(torch.randn(4, 6).to(next(model.parameters()).dtype))
-        save_checkpoint(epoch_checkpoint_path(tmp_path, e), model=model)
+        save_checkpoint(epoch_checkpoint_path(tmp_path, e), TrainingObjects(model=model))
         states.append({k: v.clone() for k, v in model.state_dict().items()})
     paths = find_epoch_checkpoints(tmp_path, epoch=3, avg=3)
     assert [p.name for p in paths] == ["epoch-1.pt", "epoch-2.pt", "epoch-3.pt"]
@@ -241,14 +247,14 @@ def test_find_epoch_checkpoints_errors(tmp_path):
 def test_average_rejects_different_models(tmp_path):
     _, a, _, _, _ = make_parts("fp32", 0)
     b = nn.Linear(2, 2)
-    save_checkpoint(tmp_path / "a.pt", model=a)
-    save_checkpoint(tmp_path / "b.pt", model=b)
+    save_checkpoint(tmp_path / "a.pt", TrainingObjects(model=a))
+    save_checkpoint(tmp_path / "b.pt", TrainingObjects(model=b))
     with pytest.raises(CheckpointMismatchError, match="same model"):
         average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt"])
     with pytest.raises(ValueError, match="at least one"):
         average_checkpoints([])
     with pytest.raises(FileNotFoundError):
-        load_checkpoint(tmp_path / "nope.pt")
+        load_checkpoint(tmp_path / "nope.pt", TrainingObjects())
 
 
 def test_load_model_weights_names_the_mismatch_and_the_fix():
@@ -272,8 +278,8 @@ def test_load_model_weights_names_the_mismatch_and_the_fix():
 
 def _at(path, batch, epoch, end):
     """A checkpoint file recording only a training position."""
-    save_checkpoint(path, model=nn.Linear(1, 1), extra={"batch_idx_train": batch, "epoch": epoch,
-                                                        "progress": {"epoch": epoch, "epoch_done": end}})
+    save_checkpoint(path, TrainingObjects(model=nn.Linear(1, 1)),
+                    extra={"batch_idx_train": batch, "epoch": epoch, "progress": {"epoch": epoch, "epoch_done": end}})
 
 
 def test_latest_and_newer_checkpoints_follow_the_training_position(tmp_path):

@@ -6,6 +6,7 @@ from torch import nn
 
 from asrprec.checkpoint import (
     CheckpointMismatchError, RunningAverage, average_between, load_decoding_weights, save_checkpoint,
+    TrainingObjects,
 )
 
 
@@ -36,7 +37,7 @@ def test_running_average_and_span_means_equal_explicit_means(tmp_path, dtype):
         if avg.maybe_update(m, batch):
             snaps.append(_snap(m))
         if batch % 10 == 0:  # an "epoch" ends every 10 batches
-            saved[batch // 10] = save_checkpoint(tmp_path / f"epoch-{batch // 10}.pt", model=m, model_avg=avg)
+            saved[batch // 10] = save_checkpoint(tmp_path / f"epoch-{batch // 10}.pt", TrainingObjects(model=m, model_avg=avg))
     assert avg.count == len(snaps) == 10  # batches 3, 6, ..., 30
     want_all = {k: torch.stack([s[k] for s in snaps]).mean(0) for k in snaps[0] if snaps[0][k].is_floating_point()}
     for k, v in want_all.items():
@@ -62,12 +63,12 @@ def test_running_average_and_span_means_equal_explicit_means(tmp_path, dtype):
 
 def test_averaging_errors_name_the_fix(tmp_path):
     m = _model()
-    save_checkpoint(tmp_path / "epoch-1.pt", model=m)
+    save_checkpoint(tmp_path / "epoch-1.pt", TrainingObjects(model=m))
     with pytest.raises(CheckpointMismatchError, match="without --use-averaged-model"):
         average_between(None, tmp_path / "epoch-1.pt")
     avg = RunningAverage(m, period=100)
-    save_checkpoint(tmp_path / "epoch-2.pt", model=m, model_avg=avg)
-    save_checkpoint(tmp_path / "epoch-3.pt", model=m, model_avg=avg)
+    save_checkpoint(tmp_path / "epoch-2.pt", TrainingObjects(model=m, model_avg=avg))
+    save_checkpoint(tmp_path / "epoch-3.pt", TrainingObjects(model=m, model_avg=avg))
     with pytest.raises(CheckpointMismatchError, match="smaller --average-period"):
         average_between(tmp_path / "epoch-2.pt", tmp_path / "epoch-3.pt")
     with pytest.raises(ValueError, match="1 <= avg <= epoch"):

@@ -62,6 +62,8 @@ from .io import (
     CheckpointMismatchError,
     CheckpointPolicyWarning,
     CheckpointReadError,
+    LoadOptions,
+    TrainingObjects,
     atomic_torch_save,
     checkpoint_position,
     find_latest_checkpoint,
@@ -85,5 +87,5 @@ __all__ = [
     "find_latest_checkpoint", "keep_last_k", "list_checkpoints", "load_checkpoint", "load_decoding_weights",
     "load_model_weights", "load_module_runtime_state", "module_runtime_state", "newer_checkpoints",
     "oom_batch_path", "present_checkpoints", "read_checkpoint", "remove_stale_temporaries", "save_checkpoint",
-    "training_checkpoints", "DIGEST_KEY", "NonFiniteWeightsError", "verify_weights", "weights_digest",
+    "training_checkpoints", "DIGEST_KEY", "LoadOptions", "TrainingObjects", "NonFiniteWeightsError", "verify_weights", "weights_digest",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from asrprec.atomic import atomic_write
+from asrprec.devices import get_rank
 from asrprec.errors import AsrprecError
 from asrprec.models.unwrap import unwrap_model
 from asrprec.rng import get_rng_state, set_rng_state
@@ -108,34 +110,52 @@ def load_module_runtime_state(model: nn.Module, state: dict[str, dict]) -> None:
             m.load_runtime_state_dict(s)
 
 
-def save_checkpoint(
-    path: str | os.PathLike,
-    *,
-    model: nn.Module,
-    optimizer: Any = None,
-    scheduler: Any = None,
-    scaler: Any = None,
-    sampler: Any = None,
-    policy: Any = None,
-    config: dict | None = None,
-    extra: dict | None = None,
-    model_avg: Any = None,
-    rank: int = 0,
-) -> Path | None:
-    """Write a training checkpoint atomically (rank 0 only; other ranks return None without writing).
+@dataclass
+class TrainingObjects:
+    """The objects a checkpoint holds the state of (None: not saved, or not loaded). ``model`` may be DDP- or
+    compile-wrapped (the bare model's state is saved); ``model_avg`` is a :class:`RunningAverage` (or any object
+    with ``state_dict()``, e.g. a model); the others are anything with ``state_dict()``."""
+
+    model: nn.Module | None = None
+    optimizer: Any = None
+    scheduler: Any = None
+    scaler: Any = None
+    sampler: Any = None
+    model_avg: Any = None
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How :func:`load_checkpoint` reads and loads a file.
+
+    strict: passed to ``model.load_state_dict``. restore_rng: restore python / numpy / torch (CPU, CUDA) generator
+    states, for an exact resume. map_location: where tensors are loaded (``"cpu"``, then copied into the objects'
+    own devices). allow_nonfinite: load NaN / Inf weights with a warning instead of
+    :class:`NonFiniteWeightsError`."""
+
+    strict: bool = True
+    restore_rng: bool = True
+    map_location: Any = "cpu"
+    weights_only: bool = True
+    allow_nonfinite: bool = False
+
+
+def save_checkpoint(path: str | os.PathLike, objects: TrainingObjects, *, policy: Any = None,
+                    config: dict | None = None, extra: dict | None = None) -> Path | None:
+    """Write a training checkpoint of ``objects`` atomically (on rank 0 only: other ranks return None without
+    writing).
 
     Args:
         path: destination file (parent directories are created).
-        model: the model, possibly DDP- or compile-wrapped (the bare model's state is saved).
-        optimizer / scheduler / scaler / sampler: anything with ``state_dict()``; None to skip.
+        objects: what to save (``objects.model`` is required).
         policy: the :class:`~asrprec.precision.PrecisionPolicy` in use (its ``describe()`` is stored).
         config: the run's configuration as a plain dict. extra: counters (epoch, batch_idx_train...).
-        model_avg: an optional :class:`RunningAverage` (or any object with ``state_dict()``, e.g. a model).
     Returns:
         the written path on rank 0, else None.
     """
-    if rank != 0:
+    if get_rank() != 0:
         return None
+    model, model_avg, optimizer = objects.model, objects.model_avg, objects.optimizer
     if config is not None and not isinstance(config, dict):
         raise ValueError(f"config must be a plain dict (e.g. dataclasses.asdict(cfg)), got {type(config).__name__}")
     ckpt: dict[str, Any] = {
@@ -155,7 +175,7 @@ def save_checkpoint(
     if optimizer is not None:
         ckpt["optimizer"] = optimizer.state_dict()
         ckpt["optimizer_kind"] = _optimizer_kind(optimizer)
-    for name, obj in (("scheduler", scheduler), ("scaler", scaler), ("sampler", sampler)):
+    for name, obj in (("scheduler", objects.scheduler), ("scaler", objects.scaler), ("sampler", objects.sampler)):
         if obj is not None:
             ckpt[name] = obj.state_dict()
     return atomic_torch_save(ckpt, path)
@@ -245,41 +265,25 @@ def verify_weights(ckpt: dict, path: str | os.PathLike, *, allow_nonfinite: bool
         f"{present_checkpoints(Path(path).parent)}); to load it anyway for debugging, pass --allow-nonfinite")
 
 
-def load_checkpoint(
-    path: str | os.PathLike,
-    *,
-    model: nn.Module | None = None,
-    optimizer: Any = None,
-    scheduler: Any = None,
-    scaler: Any = None,
-    sampler: Any = None,
-    policy: Any = None,
-    model_avg: Any = None,
-    strict: bool = True,
-    restore_rng: bool = True,
-    map_location: Any = "cpu",
-    weights_only: bool = True,
-    checkpoint: dict | None = None,
-    allow_nonfinite: bool = False,
-) -> dict:
-    """Load a checkpoint into the given objects (those left None are not touched).
+def load_checkpoint(path: str | os.PathLike, objects: TrainingObjects, *, policy: Any = None,
+                    options: LoadOptions = LoadOptions(), checkpoint: dict | None = None) -> dict:
+    """Load a checkpoint into ``objects`` (those left None are not touched).
 
     Args:
         path: the checkpoint file.
-        model: receives the weights, cast to its own parameter dtypes (see the module docstring's rule).
-        optimizer / scheduler / scaler / sampler / model_avg: receive their saved states; asking for a state
-            the checkpoint lacks raises :class:`CheckpointMismatchError`.
+        objects: ``model`` receives the weights, cast to its own parameter dtypes (the rule of
+            :mod:`asrprec.checkpoint`); the others receive their saved states, and asking for a state the
+            checkpoint lacks raises :class:`CheckpointMismatchError`.
         policy: the current precision policy; a different saved policy gives :class:`CheckpointPolicyWarning`.
-        strict: passed to ``model.load_state_dict``.
-        restore_rng: restore python / numpy / torch (CPU, CUDA) generator states, for an exact resume.
-        map_location: where tensors are loaded (``"cpu"`` then copied into the objects' own devices).
+        options: :class:`LoadOptions`.
         checkpoint: the contents of ``path`` if already read with :func:`read_checkpoint` (not read again).
-        allow_nonfinite: load NaN / Inf weights with a warning instead of :class:`NonFiniteWeightsError`.
     Returns:
         ``{"extra": dict, "config": dict, "policy": dict | None, "format_version": int}``.
     """
+    model, optimizer, strict = objects.model, objects.optimizer, options.strict
     ckpt = checkpoint if checkpoint is not None else read_checkpoint(
-        path, map_location=map_location, weights_only=weights_only, allow_nonfinite=allow_nonfinite)
+        path, map_location=options.map_location, weights_only=options.weights_only,
+        allow_nonfinite=options.allow_nonfinite)
     saved_policy = ckpt.get("policy")
     if policy is not None and saved_policy is not None and saved_policy.get("policy") != policy.name:
         warnings.warn(
@@ -320,18 +324,15 @@ def load_checkpoint(
         else:
             load_plain_state_dict(model, ckpt["model"], strict=False)
         load_module_runtime_state(model, ckpt.get("runtime_state", {}))
-    if model_avg is not None:
-        unwrap_model(model_avg).load_state_dict(need("model_avg"), strict=strict)
+    if objects.model_avg is not None:
+        unwrap_model(objects.model_avg).load_state_dict(need("model_avg"), strict=strict)
     # After the model: the master-weights optimizer copies its fp32 masters into the model's bf16 params.
     if optimizer is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
-    if scheduler is not None:
-        scheduler.load_state_dict(need("scheduler"))
-    if scaler is not None:
-        scaler.load_state_dict(need("scaler"))
-    if sampler is not None:
-        sampler.load_state_dict(need("sampler"))
-    if restore_rng and "rng" in ckpt:
+    for name in ("scheduler", "scaler", "sampler"):
+        if getattr(objects, name) is not None:
+            getattr(objects, name).load_state_dict(need(name))
+    if options.restore_rng and "rng" in ckpt:
         set_rng_state(ckpt["rng"])
     return {
         "extra": ckpt.get("extra", {}),

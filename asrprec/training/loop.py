@@ -522,9 +522,9 @@ def train(
         # by the batches its DataLoader workers prefetched)
         extra = checkpoint_extra(state) if collective or get_world_size() == 1 else None
         if is_main_process():
-            ckpt.save_checkpoint(exp_dir / name, model=unwrap_model(model), optimizer=optimizer, scheduler=scheduler,
-                                 scaler=scaler, policy=policy, config=full_config, model_avg=averager,
-                                 extra=extra if extra is not None else {"epoch": state.epoch,
+            ckpt.save_checkpoint(exp_dir / name, ckpt.TrainingObjects(model=unwrap_model(model), optimizer=optimizer,
+                                 scheduler=scheduler, scaler=scaler, model_avg=averager), policy=policy,
+                                 config=full_config, extra=extra if extra is not None else {"epoch": state.epoch,
                                                                         "batch_idx_train": state.batch_idx_train})
 
     rng, record = None, None

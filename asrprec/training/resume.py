@@ -216,8 +216,9 @@ def restore(path: Path, *, model, optimizer, scheduler, scaler, averager, policy
             optimizer, or a mid-epoch one that records no position within its epoch.
     """
     saved = ckpt.read_checkpoint(path, allow_nonfinite=cfg.allow_nonfinite)
-    info = ckpt.load_checkpoint(path, model=unwrap_model(model), optimizer=optimizer, scheduler=scheduler,
-                                scaler=scaler, policy=policy, restore_rng=False, checkpoint=saved)
+    info = ckpt.load_checkpoint(path, ckpt.TrainingObjects(model=unwrap_model(model), optimizer=optimizer,
+                                                           scheduler=scheduler, scaler=scaler),
+                                policy=policy, options=ckpt.LoadOptions(restore_rng=False), checkpoint=saved)
     saved_policy = (info.get("policy") or {}).get("policy")
     if saved_policy is not None and saved_policy != policy.name:
         log.warning("%s was saved under precision %s and training continues under %s: the weights are cast to the "

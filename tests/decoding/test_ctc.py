@@ -282,7 +282,7 @@ class _Cuts(list):
 def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid):
     """As decode.py: model.json + epoch-1.pt, each method's recogs, errs and WER summary; a CTC-only folder refuses a
     transducer method before loading weights."""
-    from asrprec.checkpoint import save_checkpoint
+    from asrprec.checkpoint import TrainingObjects, save_checkpoint
     from asrprec.decoding.experiment import decode_splits, load_for_decoding
     from asrprec.metrics import read_recogs
     from asrprec.decoding.experiment import add_decoding_args, decode_config_from_args
@@ -291,7 +291,7 @@ def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid
 
     (tmp_path / "model.json").write_text(json.dumps({"encoder": "zipformer", "size": "tiny", "vocab_size": 12,
                                                      "ctc": {}}))
-    save_checkpoint(tmp_path / "epoch-1.pt", model=hybrid, extra={"epoch": 1})
+    save_checkpoint(tmp_path / "epoch-1.pt", TrainingObjects(model=hybrid), extra={"epoch": 1})
     g = torch.Generator().manual_seed(2)
     feats, lens = torch.randn(2, 80, 80, generator=g), torch.tensor([80, 55])
     batch = {"features": feats, "feature_lens": lens, "texts": ["a b", "c"], "cut_ids": ["u0", "u1"]}

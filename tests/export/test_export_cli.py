@@ -28,7 +28,7 @@ def test_flags_build_the_config_and_streaming_needs_its_chunking():
 def test_export_experiment_writes_what_the_library_exports(tokenizer, tmp_path):
     import onnxruntime as ort
 
-    from asrprec.checkpoint import save_checkpoint
+    from asrprec.checkpoint import TrainingObjects, save_checkpoint
     from asrprec.export import export_offline
     from asrprec.models import build_transducer
 
@@ -39,7 +39,7 @@ def test_export_experiment_writes_what_the_library_exports(tokenizer, tmp_path):
     exp = tmp_path / "exp"
     exp.mkdir()
     (exp / "model.json").write_text(json.dumps(config))
-    save_checkpoint(exp / "epoch-1.pt", model=model, extra={"epoch": 1, "batch_idx_train": 1})
+    save_checkpoint(exp / "epoch-1.pt", TrainingObjects(model=model), extra={"epoch": 1, "batch_idx_train": 1})
 
     from asrprec.export.cli import export_experiment
 

@@ -353,16 +353,16 @@ def test_hybrid_loss_is_the_transducer_loss_plus_the_scaled_ctc_loss(loss):
 
 
 def test_checkpoint_round_trip_rebuilds_the_heads_from_their_build_arguments(tmp_path):
-    from asrprec.checkpoint import load_checkpoint, save_checkpoint
+    from asrprec.checkpoint import TrainingObjects, load_checkpoint, save_checkpoint
 
     config = {"encoder": "zipformer", "size": "tiny", "vocab_size": 9, "use_transducer": False,
               "ctc": CtcConfig(use_cr_ctc=True).resolved(False).__dict__}
     torch.manual_seed(0)
     model = build_transducer(**config)
-    save_checkpoint(tmp_path / "epoch-1.pt", model=model)
+    save_checkpoint(tmp_path / "epoch-1.pt", TrainingObjects(model=model))
     torch.manual_seed(1)
     again = build_transducer(**config)
-    load_checkpoint(tmp_path / "epoch-1.pt", model=again)
+    load_checkpoint(tmp_path / "epoch-1.pt", TrainingObjects(model=again))
     assert again.ctc_config == model.ctc_config and again.decoder is None
     model.eval(), again.eval()
     x, xl = torch.randn(1, 60, 80), torch.tensor([60])

@@ -55,7 +55,7 @@ def test_every_checkpoint_records_the_digest_of_its_weights(tmp_path):
     run(tmp_path)
     data = torch.load(tmp_path / "epoch-1.pt", weights_only=True)
     assert data["model_sha256"] == sha256_by_hand(data["model"])
-    ckpt.load_checkpoint(tmp_path / "epoch-1.pt", model=make_model())  # verifies and loads
+    ckpt.load_checkpoint(tmp_path / "epoch-1.pt", ckpt.TrainingObjects(model=make_model()))  # verifies and loads
 
 
 def test_a_checkpoint_changed_after_saving_fails_its_digest(tmp_path):
@@ -66,7 +66,7 @@ def test_a_checkpoint_changed_after_saving_fails_its_digest(tmp_path):
     torch.save(data, path)
     before = path.read_bytes()
     with pytest.raises(CheckpointIntegrityError) as e:
-        ckpt.load_checkpoint(path, model=make_model())
+        ckpt.load_checkpoint(path, ckpt.TrainingObjects(model=make_model()))
     msg = one_line(e)
     assert f"checkpoint {path} fails its integrity check" in msg and "changed or damaged since" in msg
     assert "Fix: delete it and use another checkpoint (present: epoch-1.pt)" in msg
@@ -80,12 +80,12 @@ def test_nan_weights_are_refused_naming_the_tensor_and_load_when_allowed(tmp_pat
     path = tmp_path / "epoch-1.pt"
     written = with_nans(path, keep_digest=False)
     with pytest.raises(NonFiniteWeightsError) as e:
-        ckpt.load_checkpoint(path, model=make_model())
+        ckpt.load_checkpoint(path, ckpt.TrainingObjects(model=make_model()))
     msg = one_line(e)
     assert f"checkpoint {path} holds non-finite weights: {SAVED_PARAM} has 1,024 NaN/Inf of 1,280 values" in msg
     assert "--allow-nonfinite" in msg and "earlier checkpoint" in msg
     model = make_model()
-    ckpt.load_checkpoint(path, model=model, allow_nonfinite=True)
+    ckpt.load_checkpoint(path, ckpt.TrainingObjects(model=model), options=ckpt.LoadOptions(allow_nonfinite=True))
     assert int(torch.isnan(model.encoder.proj.weight).sum()) == 1024
     with pytest.raises(NonFiniteWeightsError, match=SAVED_PARAM):
         run(tmp_path, epochs=2, resume="latest")
@@ -106,12 +106,12 @@ def test_a_checkpoint_without_a_digest_still_loads_and_is_checked_for_nan(tmp_pa
     del data["model_sha256"]  # as written before checkpoints recorded one
     torch.save(data, path)
     model = make_model()
-    ckpt.load_checkpoint(path, model=model)
+    ckpt.load_checkpoint(path, ckpt.TrainingObjects(model=model))
     assert torch.equal(model.encoder.proj.weight, data["model"][SAVED_PARAM])
     data["model"][SAVED_PARAM][0, 0] = float("inf")
     torch.save(data, path)
     with pytest.raises(NonFiniteWeightsError, match=f"{SAVED_PARAM} has 1 NaN/Inf of 1,280"):
-        ckpt.load_checkpoint(path, model=make_model())
+        ckpt.load_checkpoint(path, ckpt.TrainingObjects(model=make_model()))
 
 
 def test_averaging_verifies_every_checkpoint(tmp_path):
