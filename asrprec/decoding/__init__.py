@@ -20,6 +20,7 @@ CTC heads: ``ctc_greedy_search`` and ``ctc_prefix_beam_search`` take ``(log_prob
 from ``model.ctc_log_probs`` (:mod:`.ctc`); :func:`decode` runs them by name too.
 """
 
+from ._common import SearchableTransducer
 from .api import CTC_METHODS, METHODS, DecodingOptions, check_method, decode, decode_encoder_out
 from .batched_beam import malsd_beam_search
 from .beam_search import modified_beam_search
@@ -35,7 +36,7 @@ from .tdt import StreamingTdtGreedySearch, TdtHypothesis, is_tdt, tdt_greedy_sea
 from .tdt_label_looping import TdtLabelLoopingGreedy, tdt_label_looping_greedy_search
 
 __all__ = [
-    "METHODS", "DecodingOptions", "Hypothesis", "HypothesisList", "decode", "decode_dataset", "decode_encoder_out",
+    "SearchableTransducer", "METHODS", "DecodingOptions", "Hypothesis", "HypothesisList", "decode", "decode_dataset", "decode_encoder_out",
     "greedy_search", "modified_beam_search", "malsd_beam_search", "StreamingGreedySearch", "StreamingModifiedBeamSearch",
     "streaming_decode", "streaming_encode",
     "LabelLoopingGreedy", "label_looping_greedy_search",

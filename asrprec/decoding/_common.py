@@ -1,17 +1,51 @@
-"""Shared plumbing of the transducer decoders: input checks, length bookkeeping, projections, fp32 log-softmax.
+"""Shared plumbing of the transducer decoders: the interface they search through, input checks, length
+bookkeeping, fp32 log-softmax.
 
 Legend: B utterances, T encoder frames, D_enc encoder width, J joiner width, V vocabulary (blank
-included), N rows (utterances or hypotheses) in one joiner call, C the decoder's context size.
+included), K durations, N rows (utterances or hypotheses) in one joiner call, C the decoder's context size.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from asrprec.precision import fp32_island
+
+
+class SearchableTransducer(Protocol):
+    """What a transducer search reads of a model (:class:`asrprec.models.Transducer` implements it).
+
+    The searches project the encoder output once, run the decoder only when a hypothesis gains a token, and join
+    the two projections on every (frame, hypothesis) pair they score (torchaudio's ``RNNT`` transcribe / predict /
+    join split, pytorch/audio ``torchaudio/models/rnnt.py``)."""
+
+    @property
+    def blank_id(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int:
+        """V, the token logits (blank included)."""
+
+    @property
+    def context_size(self) -> int:
+        """C, the tokens the decoder sees."""
+
+    @property
+    def durations(self) -> tuple[int, ...]:
+        """The TDT durations (frames) of the joiner's duration head; ``()`` for an RNN-T joiner."""
+
+    def project_encoder(self, encoder_out: torch.Tensor) -> torch.Tensor:
+        """(..., D_enc) any float dtype → (..., J)."""
+
+    def project_decoder(self, contexts: torch.Tensor) -> torch.Tensor:
+        """(N, C) int64 token contexts → (N, J) projected decoder output."""
+
+    def join_projected(self, encoder_proj: torch.Tensor, decoder_proj: torch.Tensor) -> torch.Tensor:
+        """Broadcastable (..., J) and (..., J) → (..., V + K) logits (K = len(durations))."""
 
 
 def check_inputs(encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> None:
@@ -56,28 +90,15 @@ class SortedBatch:
         return out
 
 
-def sort_and_project(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> SortedBatch:
+def sort_and_project(model: SearchableTransducer, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> SortedBatch:
     check_inputs(encoder_out, encoder_out_lens)
     lens = encoder_out_lens.detach().to("cpu", torch.int64)
     order = torch.argsort(lens, descending=True, stable=True)
     lens_sorted = lens[order]
     T_max = int(lens_sorted[0]) if len(lens_sorted) else 0
     batch_sizes = (lens_sorted[None, :] > torch.arange(T_max)[:, None]).sum(dim=1).tolist()
-    proj = model.joiner.encoder_proj
-    # Decoding accepts encoder_out in any float dtype; the projection needs its own (a bf16-cast model's
-    # encoder_out is bf16 already; an fp32 encoder_out fed to a bf16-cast joiner would not run otherwise).
-    x = encoder_out.index_select(0, order.to(encoder_out.device)).to(proj.weight.dtype)
-    return SortedBatch(encoder_proj=proj(x), batch_sizes=batch_sizes, order=order.tolist())
-
-
-def decoder_step(model: nn.Module, contexts: torch.Tensor) -> torch.Tensor:
-    """Projected decoder output for the last C tokens of each row: (N, C) int64 → (N, J)."""
-    return model.joiner.decoder_proj(model.predict(contexts)).squeeze(1)
-
-
-def joint_logits(model: nn.Module, enc_proj: torch.Tensor, dec_proj: torch.Tensor) -> torch.Tensor:
-    """Logits from precomputed projections: (N, J) and (N, J) → (N, V), in the compute dtype."""
-    return model.joiner(enc_proj, dec_proj, project_input=False)
+    x = encoder_out.index_select(0, order.to(encoder_out.device))
+    return SortedBatch(encoder_proj=model.project_encoder(x), batch_sizes=batch_sizes, order=order.tolist())
 
 
 @fp32_island

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import decoder_step, joint_logits, log_softmax_fp32, model_device, sort_and_project
+from ._common import log_softmax_fp32, model_device, sort_and_project
 from .fusion import BatchFusion
 
 __all__ = ["malsd_beam_search"]
@@ -55,8 +55,8 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
     """Batched ALSD beam search over an RNN-T or TDT transducer (the rules in the module docstring).
 
     Args:
-        model: a transducer exposing ``predict``, ``joiner`` and ``decoder.blank_id`` / ``context_size``; a TDT model
-            (``joiner.durations``) is searched over (label, duration) pairs. Any precision.
+        model: a transducer (:class:`~asrprec.decoding.SearchableTransducer`); a TDT model
+            (``model.durations``) is searched over (label, duration) pairs. Any precision.
         encoder_out: (B, T, D_enc) from ``model.encode``. encoder_out_lens: (B,) integer valid frames (0 allowed).
         beam: hypotheses per utterance (>= 1). max_sym_per_frame: labels per frame (>= 1).
         length_norm: final choice by ``score / (context_size + len(tokens))`` (icefall) or by raw score.
@@ -78,10 +78,10 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         empty = [[] for _ in range(B)]
         return (empty, [0.0] * B) if return_scores else empty
     device = model_device(model)
-    blank, C = model.decoder.blank_id, model.decoder.context_size
-    durations = list(getattr(model.joiner, "durations", None) or [])
+    blank, C = model.blank_id, model.context_size
+    durations = list(model.durations)
     tdt = bool(durations)
-    V = model.decoder.vocab_size
+    V = model.vocab_size
     K, S = beam, max_sym_per_frame
     order = torch.tensor(batch.order, device=device)
     lens = encoder_out_lens.to(device, torch.int64).index_select(0, order)  # (B,) sorted
@@ -98,7 +98,7 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
     seq_hash = torch.zeros(B, K, **i64)
     tokens = torch.zeros(B, K, L, **i64)
     contexts = torch.full((B * K, C), blank, **i64)
-    dec = decoder_step(model, contexts)  # (B·K, J)
+    dec = model.project_decoder(contexts)  # (B·K, J)
     fstate = fusion.start(order).repeat_interleave(K, dim=0).view(B, K, 4) if fusion is not None else None
     rows = torch.arange(B, device=device)[:, None].expand(B, K)
     # every row at every step (CUDA-graph shapes), or eagerly only the rows that move
@@ -123,10 +123,10 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
             break
         frames = t.clamp(max=T - 1)
         if static:
-            logits = joint_logits(model, enc[rows, frames].reshape(B * K, -1), dec)  # (B·K, V [+ D])
+            logits = model.join_projected(enc[rows, frames].reshape(B * K, -1), dec)  # (B·K, V [+ D])
         else:  # eager: the joiner only for the active hypotheses (the others' rows are masked below)
             live = active.view(-1).nonzero().squeeze(1)
-            part = joint_logits(model, enc[rows, frames].reshape(B * K, -1).index_select(0, live),
+            part = model.join_projected(enc[rows, frames].reshape(B * K, -1).index_select(0, live),
                                 dec.index_select(0, live))
             logits = part.new_zeros(B * K, part.shape[-1]).index_copy(0, live, part)
         lp = log_softmax_fp32(logits[:, :V]).double()
@@ -179,18 +179,18 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         new_ctx = torch.cat([contexts[:, 1:], label.clamp(min=0).view(-1, 1)], dim=1)
         contexts = torch.where(e[:, None], new_ctx, contexts)
         if static:
-            dec = torch.where(e[:, None], decoder_step(model, contexts), dec)
+            dec = torch.where(e[:, None], model.project_decoder(contexts), dec)
         else:  # eager: the decoder only for the hypotheses that took a label, each context computed once
             took = e.nonzero().squeeze(1)
             if took.numel():
                 ctx = contexts.index_select(0, took)
                 if cache is None:
-                    dec = dec.index_copy(0, took, decoder_step(model, ctx))
+                    dec = dec.index_copy(0, took, model.project_decoder(ctx))
                 else:
                     ids = (ctx * place).sum(dim=1)
                     new = ids[~known[ids]].unique()
                     if new.numel():
-                        cache[new] = decoder_step(model, new[:, None] // place % V)
+                        cache[new] = model.project_decoder(new[:, None] // place % V)
                         known[new] = True
                     dec = dec.index_copy(0, took, cache[ids])
 

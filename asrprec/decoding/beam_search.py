@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import decoder_step, joint_logits, log_softmax_fp32, sort_and_project
+from ._common import log_softmax_fp32, sort_and_project
 from .fusion import BatchFusion
 from .hypothesis import Hypothesis, HypothesisList
 
@@ -35,8 +35,7 @@ def modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_ou
     Legend: B utterances, T encoder frames, D_enc encoder width, V vocabulary (blank included).
 
     Args:
-        model: a transducer exposing ``predict``, ``joiner`` (``encoder_proj``, ``decoder_proj``,
-            ``forward(..., project_input=False)``) and ``decoder.blank_id`` / ``decoder.context_size``;
+        model: a transducer (:class:`~asrprec.decoding.SearchableTransducer`);
             any precision (fp32, a bf16-cast model, or called under autocast).
         encoder_out: (B, T, D_enc) from ``model.encode``, any float dtype.
         encoder_out_lens: (B,) integer valid frames per utterance; 0 is allowed (gives ``[]``).
@@ -55,7 +54,7 @@ def modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_ou
     B = encoder_out.size(0)
     if B == 0:
         return []
-    C = model.decoder.context_size
+    C = model.context_size
     enc = batch.encoder_proj  # (B, T, J), sorted by decreasing length
 
     if fusion is None:
@@ -85,8 +84,8 @@ def beam_search_step(model: nn.Module, enc_t: torch.Tensor, beams: list[Hypothes
     equal label sequences merged. ``frames`` (N) are the frame indices recorded as token timestamps. ``fusion``
     adds its bonus to the non-blank candidates and carries each hypothesis's fusion state."""
     n = len(beams)
-    blank = model.decoder.blank_id
-    C = model.decoder.context_size
+    blank = model.blank_id
+    C = model.context_size
     device = enc_t.device
     active = [list(b) for b in beams]
     counts = [len(a) for a in active]
@@ -96,8 +95,8 @@ def beam_search_step(model: nn.Module, enc_t: torch.Tensor, beams: list[Hypothes
     pos = torch.tensor([j for c in counts for j in range(c)], device=device)  # (H,) slot within its row
 
     contexts = torch.tensor([h.context(C, blank) for h in flat], dtype=torch.int64, device=device)
-    dec = decoder_step(model, contexts)  # (H, J)
-    logits = joint_logits(model, enc_t.index_select(0, row_ids), dec)  # (H, V)
+    dec = model.project_decoder(contexts)  # (H, J)
+    logits = model.join_projected(enc_t.index_select(0, row_ids), dec)  # (H, V)
     V = logits.size(-1)
     scores = torch.tensor([h.log_prob for h in flat], dtype=torch.float64, device=device)
     cand = log_softmax_fp32(logits).double() + scores[:, None]  # (H, V)

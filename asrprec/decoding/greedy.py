@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import decoder_step, joint_logits, model_device, sort_and_project
+from ._common import model_device, sort_and_project
 from .fusion import BatchFusion, fused_greedy_tokens
 
 
@@ -30,8 +30,7 @@ def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens:
     Legend: B utterances, T encoder frames, D_enc encoder width.
 
     Args:
-        model: a transducer exposing ``predict``, ``joiner`` (``encoder_proj``, ``decoder_proj``,
-            ``forward(..., project_input=False)``) and ``decoder.blank_id`` / ``decoder.context_size``;
+        model: a transducer (:class:`~asrprec.decoding.SearchableTransducer`);
             any precision (fp32, a bf16-cast model, or called under autocast).
         encoder_out: (B, T, D_enc) from ``model.encode``, any float dtype.
         encoder_out_lens: (B,) integer valid frames per utterance; 0 is allowed (gives ``[]``).
@@ -49,20 +48,20 @@ def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens:
     B = encoder_out.size(0)
     if B == 0:
         return ([], []) if return_timestamps else []
-    blank = model.decoder.blank_id
-    C = model.decoder.context_size
+    blank = model.blank_id
+    C = model.context_size
     device = model_device(model)
     enc = batch.encoder_proj  # (B, T, J), sorted by decreasing length
 
     hyps: list[list[int]] = [[] for _ in range(B)]
     stamps: list[list[int]] = [[] for _ in range(B)]
     contexts = torch.full((B, C), blank, dtype=torch.int64, device=device)
-    dec = decoder_step(model, contexts)  # (B, J)
+    dec = model.project_decoder(contexts)  # (B, J)
     fstate = fusion.start(torch.tensor(batch.order, device=device)) if fusion is not None else None  # (B, 4)
     for t, n in enumerate(batch.batch_sizes):
         rows = torch.arange(n, device=device)  # rows still emitting on this frame
         for _ in range(max_sym_per_frame):
-            logits = joint_logits(model, enc[rows, t], dec[rows])  # (len(rows), V)
+            logits = model.join_projected(enc[rows, t], dec[rows])  # (len(rows), V)
             if fusion is None:
                 tokens = logits.argmax(dim=-1)
             else:
@@ -75,7 +74,7 @@ def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens:
                 hyps[r].append(k)
                 stamps[r].append(t)
             contexts[rows] = torch.cat([contexts[rows, 1:], tokens[:, None]], dim=1)
-            dec[rows] = decoder_step(model, contexts[rows])
+            dec[rows] = model.project_decoder(contexts[rows])
             if fusion is not None:
                 fstate[rows] = fusion.step(fstate[rows], tokens)[1]
     if return_timestamps:

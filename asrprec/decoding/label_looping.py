@@ -38,7 +38,7 @@ from torch import nn
 
 from asrprec.precision.islands import autocast_dtype, autocast_without_cache
 
-from ._common import decoder_step, joint_logits, model_device, sort_and_project
+from ._common import model_device, sort_and_project
 from .fusion import BatchFusion, fused_greedy_tokens
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,7 @@ class LabelLoopingGreedy:
     every later batch that fits the allocated size (a larger batch reallocates and captures again).
 
     Args:
-        model: a transducer exposing ``predict``, ``joiner`` (``encoder_proj``, ``decoder_proj``,
-            ``forward(..., project_input=False)``) and ``decoder.blank_id`` / ``decoder.context_size``; any
+        model: a transducer (:class:`~asrprec.decoding.SearchableTransducer`); any
             precision (fp32, a cast model, or called under autocast).
         max_sym_per_frame: at most this many tokens per frame (>= 1).
         use_cuda_graphs: ``None`` captures CUDA graphs when the model is on a CUDA device and runs eagerly
@@ -117,7 +116,7 @@ class LabelLoopingGreedy:
         self.window = window
         self.model = model
         self.max_sym = max_sym_per_frame
-        self.blank = model.decoder.blank_id
+        self.blank = model.blank_id
         self.device = model_device(model)
         if use_cuda_graphs and self.device.type != "cuda":
             raise ValueError(
@@ -197,8 +196,8 @@ class LabelLoopingGreedy:
     def _allocate(self, B: int, T: int, enc: torch.Tensor) -> LoopState:
         i64 = dict(dtype=torch.int64, device=self.device)
         boolean = dict(dtype=torch.bool, device=self.device)
-        contexts = torch.full((B, self.model.decoder.context_size), self.blank, **i64)
-        dec0 = decoder_step(self.model, contexts)  # (B, J) in the decoder's compute dtype
+        contexts = torch.full((B, self.model.context_size), self.blank, **i64)
+        dec0 = self.model.project_decoder(contexts)  # (B, J) in the decoder's compute dtype
         width = T * self.max_sym + 1
         return LoopState(
             enc=torch.zeros(B, T, enc.shape[-1], dtype=enc.dtype, device=self.device),
@@ -246,7 +245,7 @@ class LabelLoopingGreedy:
     def _argmax(self, s: LoopState, rows: torch.Tensor) -> torch.Tensor:
         """(N,) argmax of the joiner for ``rows`` at their current frame (clamped for finished rows)."""
         frames = torch.clamp(s.t.index_select(0, rows), max=s.enc.shape[1] - 1)
-        logits = joint_logits(self.model, s.enc[rows, frames], s.dec.index_select(0, rows))
+        logits = self.model.join_projected(s.enc[rows, frames], s.dec.index_select(0, rows))
         if self._fusion is None:
             return logits.argmax(dim=-1)
         return fused_greedy_tokens(logits, self._fusion, self._fstate.index_select(0, rows), self.blank)
@@ -268,7 +267,7 @@ class LabelLoopingGreedy:
         frames = s.t.index_select(0, rows)[:, None] + s.window  # (N, W): t+1 .. t+W
         inside = frames < s.lens.index_select(0, rows)[:, None]
         enc = s.enc[rows[:, None], frames.clamp(max=T - 1)]  # (N, W, J)
-        logits = joint_logits(self.model, enc, s.dec.index_select(0, rows)[:, None])  # (N, W, V)
+        logits = self.model.join_projected(enc, s.dec.index_select(0, rows)[:, None])  # (N, W, V)
         found = logits.argmax(dim=-1)  # (N, W)
         if self._fusion is not None:  # the non-blank choice with the bonus of the row's (unchanged) fusion state
             bonus, _ = self._fusion.scores(self._fstate.index_select(0, rows))
@@ -312,7 +311,7 @@ class LabelLoopingGreedy:
         ctx = torch.where(emitting[:, None], torch.cat([ctx[:, 1:], s.labels.index_select(0, rows)[:, None]], dim=1),
                           ctx)
         s.contexts.index_copy_(0, rows, ctx)
-        s.dec.index_copy_(0, rows, torch.where(emitting[:, None], decoder_step(self.model, ctx),
+        s.dec.index_copy_(0, rows, torch.where(emitting[:, None], self.model.project_decoder(ctx),
                                                s.dec.index_select(0, rows)))
         if self._fusion is not None:
             old = self._fstate.index_select(0, rows)

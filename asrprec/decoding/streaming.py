@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import check_inputs, decoder_step, joint_logits, model_device
+from ._common import check_inputs, model_device
 from .api import CTC_METHODS, DecodingOptions, check_method
 from .beam_search import beam_search_step
 from .ctc import StreamingCtcGreedySearch, StreamingCtcPrefixBeamSearch
@@ -37,12 +37,12 @@ class StreamingGreedySearch:
             raise ValueError(f"max_sym_per_frame must be an integer >= 1, got {max_sym_per_frame!r}")
         self.model = model
         self.max_sym_per_frame = max_sym_per_frame
-        self.blank = model.decoder.blank_id
+        self.blank = model.blank_id
         self.device = model_device(model)
         self.hyps: list[list[int]] = [[] for _ in range(batch_size)]
-        self.contexts = torch.full((batch_size, model.decoder.context_size), self.blank, dtype=torch.int64,
+        self.contexts = torch.full((batch_size, model.context_size), self.blank, dtype=torch.int64,
                                    device=self.device)
-        self.dec = decoder_step(model, self.contexts) if batch_size else None  # (B, J)
+        self.dec = model.project_decoder(self.contexts) if batch_size else None  # (B, J)
 
     @torch.no_grad()
     def accept(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> None:
@@ -51,15 +51,14 @@ class StreamingGreedySearch:
         check_inputs(encoder_out, encoder_out_lens)
         if encoder_out.shape[0] != len(self.hyps):
             raise ValueError(f"this search has {len(self.hyps)} streams, got a chunk of {encoder_out.shape[0]}")
-        proj = self.model.joiner.encoder_proj
-        enc = proj(encoder_out.to(proj.weight.dtype))  # (B, T', J)
+        enc = self.model.project_encoder(encoder_out)  # (B, T', J)
         lens = encoder_out_lens.to(self.device)
         for t in range(encoder_out.shape[1]):
             rows = torch.nonzero(lens > t).squeeze(1)
             for _ in range(self.max_sym_per_frame):
                 if rows.numel() == 0:
                     break
-                tokens = joint_logits(self.model, enc[rows, t], self.dec[rows]).argmax(dim=-1)
+                tokens = self.model.join_projected(enc[rows, t], self.dec[rows]).argmax(dim=-1)
                 emitted = tokens != self.blank
                 rows, tokens = rows[emitted], tokens[emitted]
                 if rows.numel() == 0:
@@ -67,7 +66,7 @@ class StreamingGreedySearch:
                 for r, k in zip(rows.tolist(), tokens.tolist()):
                     self.hyps[r].append(k)
                 self.contexts[rows] = torch.cat([self.contexts[rows, 1:], tokens[:, None]], dim=1)
-                self.dec[rows] = decoder_step(self.model, self.contexts[rows])
+                self.dec[rows] = self.model.project_decoder(self.contexts[rows])
 
 
 class StreamingModifiedBeamSearch:
@@ -89,8 +88,7 @@ class StreamingModifiedBeamSearch:
         check_inputs(encoder_out, encoder_out_lens)
         if encoder_out.shape[0] != len(self.beams):
             raise ValueError(f"this search has {len(self.beams)} streams, got a chunk of {encoder_out.shape[0]}")
-        proj = self.model.joiner.encoder_proj
-        enc = proj(encoder_out.to(proj.weight.dtype))  # (B, T', J)
+        enc = self.model.project_encoder(encoder_out)  # (B, T', J)
         lens = encoder_out_lens.tolist()
         for t in range(encoder_out.shape[1]):
             rows = [r for r, n in enumerate(lens) if n > t]
@@ -104,7 +102,7 @@ class StreamingModifiedBeamSearch:
 
     def best(self) -> list[list[int]]:
         """The best token sequence of each stream so far (length-normalised score unless ``length_norm=False``)."""
-        c = self.model.decoder.context_size
+        c = self.model.context_size
         return [list(b.get_most_probable(length_norm=self.length_norm, context_size=c).tokens) for b in self.beams]
 
 

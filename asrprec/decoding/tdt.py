@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ._common import check_inputs, decoder_step, joint_logits, log_softmax_fp32, model_device, sort_and_project
+from ._common import check_inputs, log_softmax_fp32, model_device, sort_and_project
 from .fusion import BatchFusion, fused_greedy_tokens
 from .hypothesis import log_add
 
@@ -46,7 +46,7 @@ def is_tdt(model: nn.Module) -> bool:
 
 def tdt_durations(model: nn.Module, required: bool = True) -> tuple[int, ...]:
     """The durations of ``model``'s joiner (``()`` for an RNN-T joiner unless ``required``, which raises)."""
-    durations = tuple(getattr(getattr(model, "joiner", None), "durations", ()))
+    durations = tuple(getattr(model, "durations", ()))
     if required and not durations:
         raise ValueError("this model's joiner has no duration head (an RNN-T model): decode it with greedy_search / "
                          "modified_beam_search, or train a TDT model with --loss tdt")
@@ -76,7 +76,7 @@ class StreamingTdtGreedySearch:
     :attr:`timestamps` hold the partial results; :attr:`joiner_steps` counts each utterance's joiner evaluations.
 
     Args:
-        model: a TDT transducer (``joiner.durations`` non-empty), any precision.
+        model: a TDT transducer (``model.durations`` non-empty), any precision.
         batch_size: B streams. max_sym_per_frame: at most this many tokens on one frame (>= 1).
         fusion: LM / phrase bonuses for the non-blank choice (stream b is the batch's utterance b;
             :mod:`asrprec.decoding.fusion`); the duration is the duration head's argmax either way.
@@ -87,8 +87,8 @@ class StreamingTdtGreedySearch:
         _check_max_sym(max_sym_per_frame)
         self.model = model
         self.max_sym = max_sym_per_frame
-        self.blank = model.decoder.blank_id
-        self.vocab = model.decoder.vocab_size
+        self.blank = model.blank_id
+        self.vocab = model.vocab_size
         self.device = model_device(model)
         self.durations = torch.tensor(tdt_durations(model), dtype=torch.int64, device=self.device)
         self.hyps: list[list[int]] = [[] for _ in range(batch_size)]
@@ -97,9 +97,9 @@ class StreamingTdtGreedySearch:
         self.sym = torch.zeros_like(self.t)  # tokens emitted on the current frame
         self.joiner_steps = torch.zeros_like(self.t)
         self.received = torch.zeros_like(self.t)
-        self.contexts = torch.full((batch_size, model.decoder.context_size), self.blank, dtype=torch.int64,
+        self.contexts = torch.full((batch_size, model.context_size), self.blank, dtype=torch.int64,
                                    device=self.device)
-        self.dec = decoder_step(model, self.contexts) if batch_size else None  # (B, J)
+        self.dec = model.project_decoder(self.contexts) if batch_size else None  # (B, J)
         self._enc: torch.Tensor | None = None  # (B, W, J) projected frames [self._offset, self._offset + W)
         self._offset = 0
         self.fusion = fusion
@@ -116,10 +116,9 @@ class StreamingTdtGreedySearch:
             raise ValueError(f"this search has {B} streams, got a chunk of {encoder_out.shape[0]}")
         if B == 0:
             return
-        proj = self.model.joiner.encoder_proj
         # contiguous, as the other searches project it (sort_and_project copies): a half-precision matmul on a strided
         # view may round differently
-        enc = proj(encoder_out.to(proj.weight.dtype).contiguous())  # (B, T', J)
+        enc = self.model.project_encoder(encoder_out.contiguous())  # (B, T', J)
         lens = encoder_out_lens.to(self.device, torch.int64)
         self._append(enc, lens)
         self.received += lens
@@ -150,7 +149,7 @@ class StreamingTdtGreedySearch:
             if rows.numel() == 0:
                 return
             t = self.t[rows]
-            logits = joint_logits(model, self._enc[rows, t - self._offset], self.dec[rows])
+            logits = model.join_projected(self._enc[rows, t - self._offset], self.dec[rows])
             if self.fusion is not None:
                 tokens = fused_greedy_tokens(logits[:, : self.vocab], self.fusion, self.fstate[rows], blank)
                 jumps = self.durations[logits[:, self.vocab :].argmax(dim=-1)]
@@ -171,7 +170,7 @@ class StreamingTdtGreedySearch:
                     self.hyps[r].append(k)
                     self.timestamps[r].append(f)
                 self.contexts[erows] = torch.cat([self.contexts[erows, 1:], etoks[:, None]], dim=1)
-                self.dec[erows] = decoder_step(model, self.contexts[erows])
+                self.dec[erows] = model.project_decoder(self.contexts[erows])
                 if self.fusion is not None:
                     self.fstate[erows] = self.fusion.step(self.fstate[erows], etoks)[1]
 
@@ -185,7 +184,7 @@ def tdt_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
     emitted.
 
     Args:
-        model: a TDT transducer (``joiner.durations`` non-empty), any precision.
+        model: a TDT transducer (``model.durations`` non-empty), any precision.
         encoder_out: (B, T, D_enc) from ``model.encode``, any float dtype.
         encoder_out_lens: (B,) integer valid frames; 0 is allowed (gives ``[]``).
         max_sym_per_frame: at most this many tokens on one frame (>= 1).
@@ -270,7 +269,7 @@ def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encode
     B = encoder_out.size(0)
     if B == 0:
         return []
-    blank, C, V = model.decoder.blank_id, model.decoder.context_size, model.decoder.vocab_size
+    blank, C, V = model.blank_id, model.context_size, model.vocab_size
     K = len(durations)
     device = batch.encoder_proj.device
     lens = [sum(1 for n in batch.batch_sizes if n > i) for i in range(B)]  # sorted utterance i's frames
@@ -298,7 +297,7 @@ def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encode
             contexts = torch.tensor([([blank] * C + list(h.tokens))[-C:] for h in hyps], dtype=torch.int64,
                                     device=device)
             rows = torch.tensor(utts, device=device)
-            logits = joint_logits(model, batch.encoder_proj[rows, t], decoder_step(model, contexts))  # (H, V + K)
+            logits = model.join_projected(batch.encoder_proj[rows, t], model.project_decoder(contexts))  # (H, V + K)
             lp = log_softmax_fp32(logits[:, :V]).double()
             lp_dur = log_softmax_fp32(logits[:, V:]).double()
             if fusion is not None:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ._common import joint_logits
 from .label_looping import LabelLoopingGreedy, LoopState
 from .tdt import best_token_and_jump, tdt_durations
 
@@ -46,7 +45,7 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
     """Label-looping TDT greedy search bound to one model, keeping its state (and CUDA graphs) between calls.
 
     Args:
-        model: a TDT transducer (``joiner.durations`` non-empty), any precision.
+        model: a TDT transducer (``model.durations`` non-empty), any precision.
         max_sym_per_frame: at most this many tokens on one frame (>= 1).
         use_cuda_graphs, static_shapes: as for :class:`asrprec.decoding.LabelLoopingGreedy`.
 
@@ -58,7 +57,7 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
         super().__init__(model, max_sym_per_frame, use_cuda_graphs=use_cuda_graphs, window=1,
                          static_shapes=static_shapes)
         self.durations = tdt_durations(model)
-        self.vocab = model.decoder.vocab_size
+        self.vocab = model.vocab_size
         self._batch = 0
 
     def __call__(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, *, return_timestamps: bool = False):
@@ -89,7 +88,7 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
     def _predict(self, s: TdtLoopState, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N,) best token and its jump for ``rows`` at their current frame (clamped for finished rows)."""
         frames = torch.clamp(s.t.index_select(0, rows), max=s.enc.shape[1] - 1)
-        logits = joint_logits(self.model, s.enc[rows, frames], s.dec.index_select(0, rows))
+        logits = self.model.join_projected(s.enc[rows, frames], s.dec.index_select(0, rows))
         return best_token_and_jump(logits, self.vocab, s.durations, self.blank)
 
     def _update_labels(self, s: TdtLoopState, rows: torch.Tensor, moved: torch.Tensor) -> None:

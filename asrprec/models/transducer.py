@@ -92,8 +92,10 @@ class Transducer(nn.Module):
     """RNN-T model = encoder + stateless decoder + joiner (+ the two linear "simple" projections that
     the pruned loss uses; they are unused, but present, for the full loss so checkpoints interchange).
 
-    Decoding algorithms rely only on :meth:`encode`, :meth:`predict`, :meth:`join` and the attributes
-    ``decoder.blank_id``, ``decoder.context_size`` and ``joiner`` (``encoder_proj``/``decoder_proj``).
+    Decoding algorithms rely only on :meth:`encode`, the searchable-transducer interface
+    (:class:`asrprec.decoding.SearchableTransducer`: :meth:`project_encoder`, :meth:`project_decoder`,
+    :meth:`join_projected`, ``blank_id``, ``vocab_size``, ``context_size``, ``durations``) and, for the CTC head,
+    :meth:`ctc_log_probs`.
 
     Heads (icefall's ``AsrModel``, zipformer/model.py): ``use_transducer`` (a decoder and a joiner; both None
     without it) and ``use_ctc`` (``ctc_output``, Dropout + Linear(D_enc, V), read through :meth:`ctc_log_probs`;
@@ -149,11 +151,17 @@ class Transducer(nn.Module):
 
     @property
     def blank_id(self) -> int:
-        return self._blank_id
+        return self.decoder.blank_id if self.decoder is not None else self._blank_id
 
     @property
     def vocab_size(self) -> int:
-        return self._vocab_size
+        """V, blank included (the token logits; a TDT joiner's duration logits follow them)."""
+        return self.decoder.vocab_size if self.decoder is not None else self._vocab_size
+
+    @property
+    def context_size(self) -> int:
+        """C, the tokens the decoder sees (``project_decoder`` takes (N, C) contexts)."""
+        return self.decoder.context_size
 
     @property
     def use_cr_ctc(self) -> bool:
@@ -207,6 +215,23 @@ class Transducer(nn.Module):
     def join(self, encoder_out: torch.Tensor, decoder_out: torch.Tensor) -> torch.Tensor:
         """Joint logits of broadcastable (..., D_enc) and (..., D_dec) → (..., V)."""
         return self.joiner(encoder_out, decoder_out)
+
+    def project_encoder(self, encoder_out: torch.Tensor) -> torch.Tensor:
+        """The joiner's encoder projection: (..., D_enc) in any float dtype → (..., J) in the joiner's dtype.
+
+        Decoding accepts an encoder output of any float dtype: a bf16-cast model's is bf16 already, an fp32 one fed
+        to a bf16-cast joiner would not run otherwise."""
+        proj = self.joiner.encoder_proj
+        return proj(encoder_out.to(proj.weight.dtype))
+
+    def project_decoder(self, contexts: torch.Tensor) -> torch.Tensor:
+        """The projected decoder output for the last C tokens of each row: (N, C) int64 → (N, J)."""
+        return self.joiner.decoder_proj(self.predict(contexts)).squeeze(1)
+
+    def join_projected(self, encoder_proj: torch.Tensor, decoder_proj: torch.Tensor) -> torch.Tensor:
+        """Joint logits of broadcastable projections (..., J) and (..., J) → (..., V) (a TDT joiner's
+        (..., V + len(durations)): token logits, then duration logits), in the compute dtype."""
+        return self.joiner(encoder_proj, decoder_proj, project_input=False)
 
     def decoder_input(self, targets: torch.Tensor, target_lens: torch.Tensor) -> torch.Tensor:
         """Blank-prefixed targets with padding replaced by blank: (B, U) → (B, U+1)."""
