@@ -49,8 +49,8 @@ def test_streaming_benchmark_prints_a_row_per_setting():
 
 
 def test_plots_render_every_figure_the_readme_shows(tmp_path):
-    """benchmarks/plots.py draws each figure from benchmarks/data/results.json; README.md shows each one, and the
-    committed PNGs in docs/ are the ones it draws."""
+    """benchmarks/plots.py draws each figure from benchmarks/data/results.json; benchmarks/RESULTS.md shows each one
+    (README.md some of them), and the committed PNGs in docs/ are the ones it draws."""
     import importlib.util
     import re
 
@@ -59,9 +59,9 @@ def test_plots_render_every_figure_the_readme_shows(tmp_path):
     plots = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plots)
     paths = plots.render_all(ROOT / "benchmarks" / "data" / "results.json", tmp_path)
-    readme = (ROOT / "README.md").read_text()
-    shown = set(re.findall(r"\(docs/([\w-]+\.png)\)", readme))
-    assert {p.name for p in paths} == shown
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    assert {p.name for p in paths} == set(re.findall(r"\(\.\./docs/([\w-]+\.png)\)", results))
+    assert set(re.findall(r"\(docs/([\w-]+\.png)\)", (ROOT / "README.md").read_text())) <= {p.name for p in paths}
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
         assert (ROOT / "docs" / p.name).is_file(), f"docs/{p.name} is not committed; run python benchmarks/plots.py"
