@@ -25,6 +25,8 @@ from typing import Iterator, Sequence, Union
 
 import kaldialign
 
+from asrprec.atomic import atomic_path
+
 Words = Union[str, Sequence[str]]
 Result = tuple[str, Words, Words]
 
@@ -144,8 +146,7 @@ def write_recogs(path: str | os.PathLike, results: Sequence[Result]) -> Path:
     """Write ``cut_id:\\tref=[...]`` and ``cut_id:\\thyp=[...]`` lines, sorted by cut id."""
     rows = sorted(_check_results(results), key=lambda r: r[0])
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for cut_id, ref, hyp in rows:
             print(f"{cut_id}:\tref={ref}", file=f)
             print(f"{cut_id}:\thyp={hyp}", file=f)
@@ -209,8 +210,7 @@ def write_error_stats(path: str | os.PathLike, results: Sequence[Result], *, tit
         details.append(f"{cut_id}:\t{' '.join(shown)}")
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         if title:
             print(title, file=f)
         print(f"%WER = {total.wer_percent:.2f}", file=f)

@@ -15,6 +15,8 @@ import logging
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from asrprec.atomic import atomic_write_text
+
 log = logging.getLogger(__name__)
 
 BLANK = "<blk>"
@@ -109,7 +111,7 @@ class Tokenizer:
                     f"vocab_size={vocab_size} is too large for these texts ({e}); fix: choose a smaller vocab_size"
                 ) from e
             raise
-        meta_path.write_text(json.dumps(meta, indent=1))
+        atomic_write_text(meta_path, json.dumps(meta, indent=1))
         return cls(model_path)
 
     # ------------------------------------------------------------------ ids

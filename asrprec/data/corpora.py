@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from asrprec._optional import require
-from asrprec.atomic import TEMPORARY_GLOB, publish
+from asrprec.atomic import TEMPORARY_GLOB, atomic_path, publish
 from asrprec.errors import AsrprecError
 
 from .stages import DONE_SUFFIX, folder_fingerprint, outdated, record_done
@@ -287,8 +287,9 @@ def _part_manifests(part_dir: Path, part: str, skip: set[tuple[Path, int]], out:
     recs, sups = fix_manifests(RecordingSet.from_recordings(recordings), SupervisionSet.from_segments(supervisions))
     validate_recordings_and_supervisions(recs, sups)
     paths = librispeech_manifest_paths(out, part)
-    recs.to_file(paths["recordings"])
-    sups.to_file(paths["supervisions"])
+    for manifest, path in ((recs, paths["recordings"]), (sups, paths["supervisions"])):
+        with atomic_path(path) as tmp:
+            manifest.to_file(tmp)
     return {"recordings": recs, "supervisions": sups}
 
 

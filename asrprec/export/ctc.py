@@ -27,6 +27,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from asrprec.atomic import atomic_write
+
 from .exporter import (
     EXPORT_VERSION, _check_offline_chunking, _dim, _ensure_metadata, _EXAMPLE_BATCH, _export_graph, _MAX_BATCH,
     _num_features, _prepare, export_streaming_step, write_tokens,
@@ -153,6 +155,7 @@ def convert_ctc_fp16(exported: ExportedCtcModel) -> ExportedCtcModel:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     out = exported.variant("fp16")
-    onnx.save(convert_float_to_float16(onnx.load(str(exported.model)), keep_io_types=True), str(out.model))
+    model = convert_float_to_float16(onnx.load(str(exported.model)), keep_io_types=True)
+    atomic_write(out.model, lambda f: onnx.save(model, f))
     _ensure_metadata(exported.model, out.model)
     return out

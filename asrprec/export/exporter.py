@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from asrprec._optional import require
+from asrprec.atomic import atomic_write, atomic_write_text
 
 from .wrappers import JoinerHead, OfflineEncoder, ProjectedDecoder, StreamingEncoder, StreamingLayout, encoder_family
 
@@ -98,7 +99,7 @@ def add_metadata(path: Path | str, metadata: Dict[str, str]) -> None:
     onnx = require("onnx")
     model = onnx.load(str(path))
     _set_metadata(model, metadata)
-    onnx.save(model, str(path))
+    atomic_write(path, lambda f: onnx.save(model, f))
 
 
 def _set_metadata(model: Any, metadata: Dict[str, str]) -> None:
@@ -152,7 +153,7 @@ def _export_graph(module: nn.Module, args: tuple, path: Path, input_names: Seque
     _rename_dims(model, axis_names)
     _set_metadata(model, metadata)
     path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
+    atomic_write(path, lambda f: onnx.save(model, f))
     log.info("wrote %s", path)
     return path
 
@@ -202,7 +203,7 @@ def write_tokens(tokenizer: Any, path: Path | str, vocab_size: Optional[int] = N
         lines.append(f"{piece} {i}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -392,7 +393,7 @@ def convert_fp16(exported: ExportedModel) -> ExportedModel:
     for src, dst in ((exported.encoder, out.encoder), (exported.decoder, out.decoder),
                      (exported.joiner, out.joiner)):
         model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
-        onnx.save(model, str(dst))
+        atomic_write(dst, lambda f, model=model: onnx.save(model, f))
         _ensure_metadata(src, dst)
     return out
 
