@@ -1,65 +1,28 @@
-"""Experiment folders: one folder holds one run, and records it.
-
-What a folder holds (besides checkpoints, ``train.log`` and ``tensorboard/``):
-
-* ``config.json``: the configuration the run started with (training, model, data, ...), written when it starts;
-* ``model.json``: the model's architecture (a recipe's builder arguments), written once the run has started or a
-  resume has succeeded, and never changed to another architecture afterwards (:func:`record_model_config`);
-* ``history.json``: a list of events, appended to and never rewritten from scratch: ``start``, every ``resume``
-  (where from, the command, what changed), every finished ``epoch`` (losses, skipped batches), ``stopped``
-  (why a run stopped on bad data), ``overwrite`` (what ``--overwrite`` deleted).
-
-* ``bpe.model``: a copy of the run's tokenizer, whose sha256 ``model.json`` records (``"tokenizer"`` entry): a model
-  is useless without the tokenizer it was trained with, and a data folder's may be re-made with other pieces
-  (:func:`adopt_tokenizer`, :func:`experiment_tokenizer`);
-* ``run.lock``: the lock of the run training in the folder (:func:`lock_experiment`), holding its PID, host and
-  start time.
-
-One run per folder: a training run holds an OS lock (``fcntl.flock``) on ``run.lock`` from
-:func:`prepare_experiment` until :func:`asrprec.training.train` returns, or the process ends: the kernel drops it
-with the process, so a run killed with ``kill -9`` or by a crash leaves no stale lock, and ``--resume auto`` after a
-restart (torchrun's ``--max-restarts``, a requeue) takes it at once. A second run is refused while it is held,
-naming the holder, before anything in the folder changes (so ``--overwrite`` never deletes a running job's files).
-Under torchrun only rank 0 takes it: the ranks of one job are one run, and a refusal ends rank 0, on which torchrun
-stops the job's other ranks. ``flock`` is reliable on one host's file systems; on a network file system shared by
-several hosts it depends on the file system.
-
-Rules (:func:`prepare_experiment`): a new run in a folder that holds another run's checkpoints is refused unless
-``overwrite`` (which deletes that run's files first); resuming from a checkpoint that is not the newest in the
-folder is refused unless ``overwrite`` (which deletes the newer, abandoned checkpoints), since ``--avg`` or
-``--resume latest`` would later mix the two continuations; temporary files of interrupted writes are removed.
-Every error names the file and the fix.
-
-The model of an experiment is built here too (:func:`build_experiment_model`, :func:`load_experiment_model`), for
-training, decoding and export alike; this module imports none of them.
-"""
+"""What an experiment folder holds (:mod:`asrprec.experiment`): reading and writing its records, the rules for
+starting or resuming a run in it, its tokenizer copy and its model."""
 
 from __future__ import annotations
 
-import fcntl
-import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
-import socket
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from asrprec import checkpoint as ckpt
 from asrprec.atomic import atomic_write, atomic_write_text
-from asrprec.errors import AsrprecError
 
+from .errors import ExperimentError, ModelMismatchError, TokenizerMismatchError
+from .lock import holds_lock, lock_experiment, now
 
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
 MODEL_NAME = "model.json"
 HISTORY_NAME = "history.json"
-LOCK_NAME = "run.lock"
 TOKENIZER_NAME = "bpe.model"
 # the model.json entry recording the tokenizer copy ({"file": "bpe.model", "sha256": ...}); no builder argument
 TOKENIZER_KEY = "tokenizer"
@@ -78,93 +41,6 @@ class RunSpec(Protocol):
     start_batch: int
     overwrite: bool
     num_epochs: int
-
-
-class ExperimentError(AsrprecError, ValueError):
-    """The experiment folder cannot be used as asked; the message names the file and the fix."""
-
-
-class ModelMismatchError(ExperimentError, ckpt.CheckpointMismatchError):
-    """A resume with another model than the run's (a :class:`~asrprec.checkpoint.CheckpointMismatchError` too:
-    the run's checkpoints do not fit it)."""
-
-
-class ExperimentLockedError(ExperimentError):
-    """Another training run holds the experiment folder's lock."""
-
-
-class TokenizerMismatchError(ExperimentError):
-    """The tokenizer given is not the one the experiment's model was trained with."""
-
-
-# -- one run per folder ----------------------------------------------------------------------------
-
-_HELD: dict[Path, int] = {}  # folder (resolved) -> the descriptor of its locked run.lock, for this process
-
-
-def lock_experiment(exp_dir: str | os.PathLike) -> Path:
-    """Take the lock of ``exp_dir`` (module docstring) for this process, recording its PID, host and start time
-    in ``run.lock``; a no-op when this process holds it already. Returns the lock file.
-
-    Raises:
-        ExperimentLockedError: another process holds it; the message names that process and the fix.
-    """
-    exp_dir = Path(exp_dir)
-    key = exp_dir.resolve()
-    if key in _HELD:
-        return exp_dir / LOCK_NAME
-    path = exp_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 4096).decode("utf-8", "replace")
-        os.close(fd)
-        raise ExperimentLockedError(
-            f"{exp_dir} is in use by another training run ({_describe_holder(holder)}; lock {path}): two runs in "
-            "one folder replace each other's checkpoints. Fix: wait for that run to end (or stop it), or train in "
-            "another --exp-dir") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    # Written in place, not through asrprec.atomic: a renamed replacement would be another file, unlocked. The
-    # contents only describe the holder to a refused run; the lock is the flock.
-    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": _now(),
-                         "command": list(sys.argv)})
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, record.encode(), 0)
-    os.fsync(fd)
-    _HELD[key] = fd
-    return path
-
-
-def _describe_holder(text: str) -> str:
-    try:
-        holder = json.loads(text)
-        return f"PID {holder['pid']} on {holder['host']}, started {holder['started']}"
-    except (ValueError, KeyError, TypeError):
-        return "its PID is not recorded yet"
-
-
-def unlock_experiment(exp_dir: str | os.PathLike) -> None:
-    """Release this process's lock of ``exp_dir`` (if it holds it); ``run.lock`` stays, unlocked."""
-    fd = _HELD.pop(Path(exp_dir).resolve(), None)
-    if fd is not None:
-        os.close(fd)  # closing the only descriptor of the open file drops its flock
-
-
-def releases_experiment_lock(run: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a function taking a ``cfg`` keyword (a :class:`RunSpec`) so that, however it ends, this process's
-    lock of ``cfg.exp_dir`` is released (the training loop's: its run ends there, though the process may go on)."""
-
-    @functools.wraps(run)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return run(*args, **kwargs)
-        finally:
-            unlock_experiment(kwargs["cfg"].exp_dir)
-
-    return wrapper
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -223,10 +99,6 @@ def read_history(exp_dir: str | os.PathLike) -> list[dict[str, Any]]:
 # -- writing ---------------------------------------------------------------------------------------
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
@@ -235,7 +107,7 @@ def append_history(exp_dir: str | os.PathLike, event: dict[str, Any]) -> None:
     """Append ``event`` (with the time) to ``history.json``; the file is rewritten atomically with every older
     event kept."""
     events = read_history(exp_dir)
-    events.append(_jsonable({"time": _now(), **event}))
+    events.append(_jsonable({"time": now(), **event}))
     atomic_write_text(Path(exp_dir) / HISTORY_NAME, json.dumps(events, indent=1))
 
 
@@ -374,8 +246,10 @@ def prepare_experiment(cfg: RunSpec, *, rank: int = 0, model_config: dict[str, A
     """Make ``cfg.exp_dir`` ready for the run ``cfg`` describes; return the checkpoint to resume from (or None).
 
     Creates the folder, removes temporary files of interrupted writes, resolves the resume checkpoint, and
-    enforces the folder rules of the module docstring. Idempotent: a recipe may call it early (to fail before
-    loading data) and :func:`asrprec.training.train` calls it again.
+    enforces the folder rules of the module docstring. Done once per run: a recipe may call it early (to fail
+    before loading data), and the run's own call (:class:`asrprec.training.run.Run`) then takes that result, as
+    long as the call asks the same (config, rank, model), this process still holds the lock and the folder's
+    records are as they were left.
 
     ``model_config``: the model about to be trained; a resume refuses one that differs from the run's
     ``model.json`` (:func:`check_model_config`).
@@ -390,6 +264,35 @@ def prepare_experiment(cfg: RunSpec, *, rank: int = 0, model_config: dict[str, A
             another model; a resume from the end of the last epoch asked for.
         FileNotFoundError / CheckpointReadError: the checkpoint to resume from is missing or unreadable.
     """
+    exp_dir = Path(cfg.exp_dir)
+    key = _preparation(cfg, rank, model_config)
+    done = _PREPARED.get(exp_dir.resolve())
+    if done is not None and done[0] == key and done[1] == _folder_snapshot(exp_dir):
+        return done[2]
+    resume_from = _prepare(cfg, rank, model_config)
+    _PREPARED[exp_dir.resolve()] = (key, _folder_snapshot(exp_dir), resume_from)
+    return resume_from
+
+
+# folder (resolved) -> (what was asked, the folder's records then, the checkpoint to resume from), for this process
+_PREPARED: dict[Path, tuple[Any, Any, Path | None]] = {}
+
+
+def _preparation(cfg: RunSpec, rank: int, model_config: dict[str, Any] | None) -> Any:
+    """What a call of :func:`prepare_experiment` asks (the tokenizer record added in between changes nothing)."""
+    model = {k: v for k, v in _jsonable(model_config).items() if k != TOKENIZER_KEY} if model_config else None
+    return (_jsonable({k: getattr(cfg, k, None) for k in _INVOCATION_KEYS}), rank, model)
+
+
+def _folder_snapshot(exp_dir: Path) -> Any:
+    """The folder's checkpoints and records (name, size, modification time) and whether this process holds its
+    lock. The tokenizer copy is left out: :func:`adopt_tokenizer` writes it after the rules accepted the run."""
+    files = ckpt.training_checkpoints(exp_dir) if exp_dir.is_dir() else []
+    files += [exp_dir / n for n in (ckpt.BAD_MODEL_NAME, MODEL_NAME, CONFIG_NAME, HISTORY_NAME)]
+    return holds_lock(exp_dir), [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.is_file()]
+
+
+def _prepare(cfg: RunSpec, rank: int, model_config: dict[str, Any] | None) -> Path | None:
     exp_dir = Path(cfg.exp_dir)
     if exp_dir.exists() and not exp_dir.is_dir():
         raise ExperimentError(f"--exp-dir {exp_dir} is a file, not a folder. Fix: pass a folder path")
