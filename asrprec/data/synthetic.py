@@ -17,6 +17,13 @@ in training, and voices differ by accent, variant, pitch, range and rate.
   ``num_workers`` at a time). The corpus is therefore bit-exact for a seed whatever ``num_workers``
   is. A plain subprocess rather than a multiprocessing spawn pool, because spawn re-imports the
   caller's ``__main__`` (e.g. a recipe script importing torch) in every shard's process.
+* Word times: each supervision holds every word's start and end in its audio (lhotse's
+  ``alignment={"word": [AlignmentItem(symbol, start, duration), ...]}``), read from espeak's phoneme events
+  (:mod:`asrprec.data.espeak`: a word spans from espeak's word event to the pause or word after it). They hold
+  for the written audio: resampling keeps times (its delay is compensated), levelling and noise move nothing,
+  the synthetic room response has its direct path at lag 0, and nothing is padded before the speech.
+  Recording them changes no random draw and no sample. A corpus generated before they were recorded has none;
+  ``generate_corpus(..., force=True)`` rewrites it with the same audio.
 * Idempotent: :func:`generate_corpus` returns the stored manifests when ``corpus.json`` in the
   output folder records the same configuration, and regenerates otherwise.
 """
@@ -196,6 +203,13 @@ def plan_corpus(cfg: CorpusConfig) -> list[dict[str, Any]]:
 
 def render_utterance(spec: dict[str, Any]) -> np.ndarray:
     """Synthesise one planned utterance: (N,) float64 at 16 kHz in [-1, 1]."""
+    return render_aligned_utterance(spec)[0]
+
+
+def render_aligned_utterance(spec: dict[str, Any]) -> tuple[np.ndarray, list[tuple[str, float, float]]]:
+    """:func:`render_utterance` and its words' ``(WORD, start s, end s)`` in that audio, within ``[0, N / 16000]``
+    (:mod:`asrprec.data.espeak` says how they are read); ``[]`` when espeak spoke a different number of words than
+    the text has (none seen; the caller counts them)."""
     from asrprec.data.augment import add_noise, reverberate, synthetic_rir
     from asrprec.data.espeak import ESPEAK_SAMPLE_RATE, Espeak
     from asrprec.data.resample import resample_poly
@@ -223,23 +237,27 @@ def render_utterance(spec: dict[str, Any]) -> np.ndarray:
     peak = float(np.max(np.abs(y)))
     if peak > 0.99:
         y *= 0.99 / peak
-    return y
+    words = spec["text"].split()
+    end_s = len(y) / SAMPLE_RATE
+    if len(utt.word_spans_s) != len(words):
+        return y, []
+    return y, [(w, min(a, end_s), min(b, end_s)) for w, (a, b) in zip(words, utt.word_spans_s)]
 
 
-def _synth_shard(audio_dir: str, specs: list[dict[str, Any]]) -> tuple[list[tuple[str, int]], float]:
+def _synth_shard(audio_dir: str, specs: list[dict[str, Any]]) -> tuple[list[tuple[str, int]], float, dict]:
     import soundfile as sf
 
     cpu_start = time.process_time()
-    out = []
+    out, words = [], {}
     for spec in specs:
-        y = render_utterance(spec)
+        y, words[spec["id"]] = render_aligned_utterance(spec)
         path = Path(audio_dir) / spec["split"] / f"{spec['id']}.flac"
         sf.write(str(path), y.astype(np.float32), SAMPLE_RATE, subtype="PCM_16", format="FLAC")
         out.append((spec["id"], len(y)))
-    return out, time.process_time() - cpu_start
+    return out, time.process_time() - cpu_start, words
 
 
-def _run_shard_process(audio_dir: Path, shard: list[dict[str, Any]]) -> tuple[list[tuple[str, int]], float]:
+def _run_shard_process(audio_dir: Path, shard: list[dict[str, Any]]) -> tuple[list[tuple[str, int]], float, dict]:
     """Synthesise one shard in a fresh interpreter (see the module doc for why)."""
     import asrprec
 
@@ -255,10 +273,12 @@ def _run_shard_process(audio_dir: Path, shard: list[dict[str, Any]]) -> tuple[li
             f"synthesis of shard starting at {shard[0]['id']} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
         )
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [tuple(r) for r in out["num_samples"]], float(out["cpu_s"])
+    return [tuple(r) for r in out["num_samples"]], float(out["cpu_s"]), out["words"]
 
 
-def _synthesize_all(plan: list[dict[str, Any]], audio_dir: Path, shard_size: int, num_workers: int) -> dict[str, int]:
+def _synthesize_all(plan: list[dict[str, Any]], audio_dir: Path, shard_size: int, num_workers: int,
+                    words: dict[str, list] | None = None) -> dict[str, int]:
+    """Synthesise every shard; returns ``{id: num_samples}`` and fills ``words`` with ``{id: [(word, start, end)]}``."""
     for split in SPLITS:
         (audio_dir / split).mkdir(parents=True, exist_ok=True)
     shards = [plan[i : i + shard_size] for i in range(0, len(plan), shard_size)]
@@ -269,11 +289,13 @@ def _synthesize_all(plan: list[dict[str, Any]], audio_dir: Path, shard_size: int
         futures = [pool.submit(_run_shard_process, audio_dir, shard) for shard in shards]
         for k, fut in enumerate(futures, 1):
             try:
-                res, shard_cpu_s = fut.result()
+                res, shard_cpu_s, shard_words = fut.result()
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)  # don't start the remaining shards
                 raise
             num_samples.update(res)
+            if words is not None:
+                words.update(shard_words)
             cpu_s += shard_cpu_s
             if k % 10 == 0 or k == len(shards):
                 log.info("synthesised %d/%d shards (%.1f s)", k, len(shards), time.perf_counter() - start)
@@ -293,9 +315,24 @@ def manifest_paths(out_dir: Path | str, split: str) -> dict[str, Path]:
     return {kind: out_dir / f"espeak_{kind}_{split}.jsonl.gz" for kind in ("recordings", "supervisions", "cuts")}
 
 
-def _write_manifests(plan: list[dict[str, Any]], num_samples: dict[str, int], out_dir: Path, audio_dir: Path) -> dict:
+def _word_alignment(words: list) -> dict | None:
+    from lhotse.supervision import AlignmentItem
+
+    if not words:
+        return None
+    return {"word": [AlignmentItem(symbol=w, start=round(a, 4), duration=round(b - a, 4)) for w, a, b in words]}
+
+
+def _write_manifests(plan: list[dict[str, Any]], num_samples: dict[str, int], out_dir: Path, audio_dir: Path,
+                     words: dict[str, list] | None = None) -> dict:
     lhotse = require("lhotse")
     from lhotse.audio import AudioSource
+
+    words = words or {}
+    unaligned = [s["id"] for s in plan if not words.get(s["id"])]
+    if unaligned:
+        log.warning("%d utterances have no word alignment (espeak spoke another number of words than their text "
+                    "has), e.g. %s", len(unaligned), unaligned[:3])
 
     result = {}
     for split in SPLITS:
@@ -324,6 +361,7 @@ def _write_manifests(plan: list[dict[str, Any]], num_samples: dict[str, int], ou
                     language="English",
                     speaker=spec["speaker"],
                     custom=custom,
+                    alignment=_word_alignment(words.get(spec["id"], [])),
                 )
             )
         recordings = lhotse.RecordingSet.from_recordings(recs)
@@ -401,8 +439,9 @@ def generate_corpus(
 
     start = time.perf_counter()
     plan = plan_corpus(cfg)
-    num_samples = _synthesize_all(plan, audio_dir, cfg.shard_size, num_workers)
-    cuts = _write_manifests(plan, num_samples, out_dir, audio_dir)
+    words: dict[str, list] = {}
+    num_samples = _synthesize_all(plan, audio_dir, cfg.shard_size, num_workers, words)
+    cuts = _write_manifests(plan, num_samples, out_dir, audio_dir, words)
     marker.write_text(json.dumps(cfg.to_json(), indent=1, sort_keys=True))
     hours = sum(num_samples.values()) / SAMPLE_RATE / 3600
     log.info(
@@ -414,5 +453,5 @@ def generate_corpus(
 
 if __name__ == "__main__":  # a shard worker: JSON job on stdin, JSON result on the last line of stdout
     _job = json.loads(sys.stdin.read())
-    _res, _cpu = _synth_shard(_job["audio_dir"], _job["specs"])
-    print(json.dumps({"num_samples": _res, "cpu_s": _cpu}))
+    _res, _cpu, _words = _synth_shard(_job["audio_dir"], _job["specs"])
+    print(json.dumps({"num_samples": _res, "cpu_s": _cpu, "words": _words}))
