@@ -123,6 +123,15 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
 
 
+def _loss_meaning(model_config: dict[str, Any]) -> dict[str, Any]:
+    """The part of the (otherwise changeable) loss settings that decides what a checkpoint means: whether the
+    joiner has TDT's duration head, and the frame advances its outputs stand for."""
+    loss = model_config.get("loss") or {}
+    if loss.get("loss") != "tdt":
+        return {"tdt": False}
+    return {"tdt": True, "tdt_durations": list(loss.get("tdt_durations") or ())}
+
+
 def check_model_config(exp_dir: str | os.PathLike, model_config: dict[str, Any] | None) -> None:
     """Refuse a model whose architecture differs from the ``model.json`` the folder's run recorded.
 
@@ -135,8 +144,8 @@ def check_model_config(exp_dir: str | os.PathLike, model_config: dict[str, Any] 
     stored = _read_json(path, "the run's model", "delete it if the checkpoints are the only record you trust")
     new = _jsonable(model_config)
     keep = set(MUTABLE_MODEL_KEYS) | {TOKENIZER_KEY}  # a tokenizer change has its own check (adopt_tokenizer)
-    diff = _differences({k: v for k, v in stored.items() if k not in keep},
-                        {k: v for k, v in new.items() if k not in keep})
+    diff = _differences({**{k: v for k, v in stored.items() if k not in keep}, **_loss_meaning(stored)},
+                        {**{k: v for k, v in new.items() if k not in keep}, **_loss_meaning(new)})
     if diff:
         raise ModelMismatchError(
             f"{path} records another model than the one this command builds ({'; '.join(diff[:6])}). Resuming would "
