@@ -1,38 +1,10 @@
 """Checkpoints: what one holds, how it is written and loaded across precision policies; file names and rotation
 (:mod:`.files`), save / read / load (:mod:`.io`), averaged weights (:mod:`.averaging`).
 
-What a checkpoint holds (one ``torch.save`` dict; every entry loads with ``torch.load(weights_only=True)``)::
-
-    format_version   int
-    model            state_dict of the unwrapped model (DDP ``.module`` / ``torch.compile`` ``_orig_mod`` removed)
-    model_avg        optional running average of the weights (icefall's ``model_avg``): :class:`RunningAverage`'s
-                     {"weights": float64 state_dict, "count": snapshots, "period": batches between them}
-    optimizer        optimizer.state_dict()           optimizer_kind  "master" (bf16 fp32-master wrapper) | "plain"
-    scheduler        scheduler.state_dict()           scaler          scaler.state_dict()
-    sampler          optional sampler.state_dict()    config          dict (the run's configuration)
-    policy           policy.describe() (policy name + effective dtypes)
-    rng              python / numpy / torch CPU / torch CUDA generator states (:mod:`asrprec.rng`)
-    model_sha256     sha256 of ``model`` (names, dtypes, shapes, bytes), verified on reading (:mod:`.integrity`)
-    runtime_state    optional state modules keep outside their state_dict (:func:`module_runtime_state`)
-    extra            dict of counters (epoch, batch_idx_train, best losses...); the training loop adds
-                     ``progress`` (the position within the epoch, :class:`asrprec.training.resume.EpochProgress`)
-                     and ``history`` (the epochs' records)
-
-Writing is atomic (:mod:`asrprec.atomic`): a failure at any point leaves the previous checkpoint untouched and no
-temporary file behind. Only rank 0 writes (``rank`` argument), so DDP training can call these functions on every
-rank.
-
-Loading across precision policies (rule):
-
-* **model weights** always load: each tensor is copied into the current model's parameter, i.e. cast to the
-  current model's dtype (fp32 checkpoint → bf16-cast model rounds to bf16; bf16 → fp32 widens exactly);
-  a warning says the policy changed.
-* **optimizer state** of the ``bf16`` policy's fp32-master-weights wrapper and of a plain optimizer are
-  different structures; loading one into the other raises :class:`CheckpointMismatchError` whose message
-  gives the fix (resume under the saved policy, or pass ``optimizer=None`` to load weights only and restart
-  the optimizer).
-* **scaler state** loads into whatever scaler the current policy made (a no-op scaler ignores a GradScaler's
-  scale; a GradScaler that finds no saved scale keeps its initial one).
+Every entry loads with ``torch.load(weights_only=True)``; writing is atomic (:mod:`asrprec.atomic`) and only rank 0
+writes. Model weights load across precision policies (cast to the current model's dtype, with a warning); optimizer
+state of another policy's structure raises :class:`CheckpointMismatchError` with the fix. What a checkpoint holds,
+entry by entry, and the loading rules: ``docs/reliability.md``.
 """
 
 from asrprec.atomic import atomic_write_text

@@ -14,10 +14,7 @@ Three parallel passes; log-softmax is never materialised:
    g = buf·(c/s) minus the two one-hot terms below; fp16/bf16, whose 16-bit buffer is too coarse to
    hold exp(z - m), re-read the logits and take a second exp. Padded cells get exact zeros.
 
-Speed (benchmarks/RESULTS.md): the per-element loops vectorise because the fp32 exp is our own
-branch-free polynomial (``exp32``; numba's math.exp on float32 is a scalar libm call when Intel SVML
-is absent), the row max uses LLVM's maxnum (vectorisable without fast-math flags) and the gradient
-buffer is allocated with huge pages where the kernel allows (``_empty_grad``).
+Why it is fast (a branch-free fp32 ``exp32``, LLVM's maxnum, huge pages): ``docs/losses.md``.
 
 Gradient of cost_b = -(1+λ)·ll_b … w.r.t. logit z(t,u,v), per NeMo's FastEmit convention
 (NVIDIA/NeMo ``nemo/collections/asr/parts/numba/rnnt_loss/utils/cpu_utils/cpu_rnnt.py``): with γ_blank = exp(α(t,u)+lb(t,u)+β(t+1,u)-ll) (at the final

@@ -13,35 +13,8 @@ Training recipe (icefall): project encoder and decoder outputs to V ("am", "lm")
 Legend: B batch, T encoder frames, U target tokens (lattice rows u = 0..U), V vocabulary (blank
 included), S = s_range window size, D feature dim.
 
-Differences from k2 (k2-fsa/k2 ``k2/python/k2/rnnt_loss.py`` as of its PRs #1009 and #1245), each deliberate:
-
-* Only the standard ("not modified") transducer topology; boundaries are given as ``logit_lens`` /
-  ``target_lens`` (k2's ``boundary[:, 2:]``), always starting at (0, 0).
-* Window criterion (:func:`get_rnnt_prune_ranges`): by default the window holding the most posterior mass
-  (``criterion="occupancy"``, k2's criterion before PR #1009, kept there as ``get_rnnt_prune_ranges_deprecated``);
-  k2's current one is ``criterion="k2"``. Chosen by the pruned loss's excess over the exact loss of the same
-  logits (``benchmarks/prune_ranges.py``): with ``s_range=5`` the occupancy windows cut off less probability
-  mass on random lattices (mean relative excess 2.4 % against 2.9 %) and on the dev lattices of the embedded
-  recipe's Zipformer after 1, 4 and 10 epochs (0.07 against 0.38 nats per utterance at epoch 10); that model was
-  trained with occupancy windows, which may favour them, but the random lattices have no such bias. The two
-  choose different starts on 3-10 % of frames. k2's PR #1009 also reports larger pruned losses with the new
-  windows, alongside faster convergence in its runs; convergence is not measured here.
-* Widening: when an utterance has more tokens than its windows can climb, S is raised for the batch to the
-  width it needs, ``(U_b-1)//T_b + 2``, as k2 does since PR #1245 (k2-fsa/k2 issue #1271 quotes its warning:
-  U=19 tokens in T=2 frames widen s_range 5 to 11); k2 prints a warning on every such batch, we log a warning
-  the first time a width is needed and an INFO line after that. There is no requirement ``T >= U`` (k2 versions
-  without the widening assert it).
-* The AM-only unigram averages the LM softmax over *valid* rows u <= U_b only (k2 averages over all
-  padded rows as well).
-* A term whose scale is exactly 0 is skipped instead of being multiplied by 1e-20 (k2's guard against
-  0 * -inf); the value differs from k2 by at most ~1e-20 relative.
-* ``s_range`` is capped at U+1 (every row; current k2 caps at S+1 the same way, older versions at S), so with
-  ``s_range >= U+1`` the pruned loss is exactly the full loss.
-* ``reduction`` defaults to "mean" (the mean over the batch, as in k2 and torchaudio); the transducer asks for
-  "sum" explicitly, as icefall does.
-* Inputs are computed in fp32 (fp16/bf16 are promoted inside an fp32 island; fp64 stays fp64 so the
-  functions can be gradchecked); k2 takes fp32 or fp64 only.
-* Posteriors are returned in our (B, T, U+1) lattice layout, not k2's (B, S, T+1) / (B, S+1, T).
+Where this differs from k2 (topology, the window criterion, widening, the unigram, zero scales, the
+cap on ``s_range``, reduction, fp32 inputs, the posterior layout), each deliberate, and why: ``docs/losses.md``.
 """
 
 from __future__ import annotations

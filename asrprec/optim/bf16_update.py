@@ -2,41 +2,12 @@
 
 bf16 keeps 8 significant bits, so ``w + u`` rounds back to ``w`` whenever ``|u|`` is below half the spacing of
 bf16 numbers at ``w`` (2^-9 of ``|w|`` or less); Adam-style updates late in a schedule are mostly that small.
-Four ways to write the update (``--bf16-update``):
-
-==============  ===========================================================  ==========================
-update          what the optimizer writes                                     extra state per parameter
-==============  ===========================================================  ==========================
-``master``      an fp32 copy takes the update; the model gets it rounded      4 B (fp32 copy; see
-                to nearest (:class:`asrprec.precision.MasterWeightOptimizer`)  :mod:`asrprec.precision`)
-``kahan``       ``w + c + u`` rounded to nearest, ``c`` = what rounding lost  2 B (bf16 ``c``)
-                (Kahan summation, Zamirai et al. arXiv 2010.06192)
-``stochastic``  ``w + u`` rounded up with probability = its distance from     none (a generator)
-                the lower bf16 neighbour / their spacing: unbiased
-``none``        ``w + u`` rounded to nearest (naive; small updates are lost)   none
-==============  ===========================================================  ==========================
-
-The update itself is always computed in fp32 from fp32 (or, with ``moments="bf16"``, bf16-stored) optimizer
-state; only the final write differs. Bytes per parameter of weights + gradients + optimizer state, with
-``B_m`` = 8 for fp32 moments or 4 for bf16 moments (AdamW: ``exp_avg`` + ``exp_avg_sq``; ScaledAdam: ``delta``
-+ ``exp_avg_sq``), see :func:`bytes_per_parameter`:
-
-* ``master``: 2 (bf16 weight) + 2 (bf16 grad) + 4 (fp32 master) + 4 (its fp32 grad, alive during the step) + 8
-* ``kahan``: 2 + 2 + 2 + ``B_m``;  ``stochastic`` and ``none``: 2 + 2 + ``B_m``.
-
-ScaledAdam adds 24 B per non-scalar tensor (its RMS, the scale's second moment, 4 scale gradients).
-
-bf16 moments are stored with stochastic rounding: an exponential average ``v = β v + (1-β) x`` with
-``1-β`` below 2^-9 (AdamW's β2 = 0.999) never moves under round-to-nearest; stochastic rounding keeps it
-unbiased. They apply to ``kahan``, ``stochastic`` and ``none`` (``master`` keeps the inner optimizer fp32).
-
-Why not a package: torchao's ``_AdamW(bf16_stochastic_round=True)`` (pytorch/ao ``torchao/optim/adam.py``,
-``quant_utils._fp32_to_bf16_sr``) and torch-optimi's Kahan summation (warner-benjamin/optimi) are each built
-into their own Adam-family optimizers and do not extend to ScaledAdam, whose update also reads the weight (its
-RMS and the scale gradient ``sum(w * g)``); torchao draws its rounding noise from the global generator, so a
-stochastic run would consume dropout's random numbers and a checkpoint would not hold the rounding state. Here the
-rounding noise comes from a dedicated generator per device, seeded the same on every rank (DDP replicas round
-identically) and saved in the optimizer's ``state_dict``, so resume is exact.
+Four ways to write the update (``--bf16-update``): ``master`` (an fp32 copy takes it), ``kahan`` (a bf16
+compensation buffer carries what rounding lost; Zamirai et al. arXiv 2010.06192), ``stochastic`` (unbiased
+stochastic rounding) and ``none`` (round to nearest: small updates are lost). The update is always computed in fp32;
+only the final write differs. Bytes per parameter: :func:`bytes_per_parameter`. The rounding noise comes from a
+dedicated generator per device, seeded alike on every rank and saved in the optimizer's ``state_dict`` (exact
+resume). The table of rules, bf16 moments and why not torchao or optimi: ``docs/precision.md``.
 """
 
 from __future__ import annotations

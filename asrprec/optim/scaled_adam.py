@@ -3,24 +3,10 @@
 Semantics follow k2-fsa/icefall ``egs/librispeech/ASR/zipformer/optim.py`` (ScaledAdam, _get_clipping_scale,
 _size_update, _step, _step_scalar); the code is ours. Differences:
 
-* Like icefall's BatchedOptimizer, tensors of one shape (and dtype, device, group and step count) are stacked
-  and updated with one op per formula term; unlike it, the state stays per parameter (so ``state_dict`` is the
-  plain per-parameter one and does not depend on the grouping): it is stacked and written back every step with
-  ``torch._foreach_copy_``. The per-tensor loop costs ~20 ops (kernel launches) per tensor, the batched path ~30
-  per shape plus the stacking; for the 297 tensors (53 shapes) of the six-stack Zipformer ``tiny`` transducer
-  that is ~6,000 against ~1,600 launches. On a CPU, where a launch is cheap, the stacking copies cost about what
-  they save (benchmarks/RESULTS.md), so ``batched=None`` (default) batches only parameters that live on an
-  accelerator.
-* State is float32. For bf16/fp16 parameters the update is computed on an fp32 copy of the parameter
-  (kept in state as ``param_fp32``, so rounding does not accumulate) and written back rounded, unless a
-  ``weight_update`` rule (:class:`asrprec.optim.bf16_update.Bf16Update`: Kahan, stochastic or naive rounding,
-  optionally bf16 moments) writes bf16 weights without the fp32 copy; the RMS, the scale gradient ``sum(p * g)``
-  and the scalar clamp then read the rule's fp32 value of the weight.
-* Gradients that are None are skipped (icefall substitutes zeros).
-* :meth:`ScaledAdam.compile` runs the update of fp32 parameters as one ``torch.compile``'d function over all of
-  them (the per-tensor formulas unrolled: inductor fuses each tensor's ~20 ops into a few kernels). What changes per
-  step (the learning rates, the step's bias corrections and clipping factor, whether the tensor scales are learned
-  at this step) enters as tensors and masks, so one graph serves every step.
+* Tensors of one shape are stacked and updated together (on accelerators, ``batched=None``), the state staying
+  per parameter; state is float32, bf16/fp16 weights are updated through an fp32 value (``param_fp32`` or a
+  ``weight_update`` rule); None gradients are skipped; :meth:`ScaledAdam.compile` makes the update one graph.
+  Why each, and what the batching costs: ``docs/optim.md``.
 """
 
 from __future__ import annotations

@@ -16,12 +16,9 @@ logits and their gradient), J = 1 for the pruned loss (its smoothed "simple" los
 batch's own bytes per frame, alive through the update. :func:`plan_batches` then solves for the largest B per bucket
 with ``max(peaks) <= budget × safety``.
 
-Safety: a projection is a lower bound of ``torch.cuda.max_memory_allocated`` (no workspaces, no fragmentation; see
-:mod:`asrprec.precision.memory_step`). The same tool projected icefall's Zipformer step at 0.73 (amp-fp16) and 0.93
-(amp-bf16) of icefall's published peaks (benchmarks/RESULTS.md, "Whole training step memory"), so
-:data:`CALIBRATION_SAFETY` = 0.73, the lower of the two, keeps the measured peak under the budget for both; a GPU
-run's own projected / measured ratio (``benchmarks/gpu_check.sh`` records it) replaces it through ``--memory-safety``,
-and :func:`lower_plan` applies a measured peak during training.
+Safety: a projection is a lower bound of ``torch.cuda.max_memory_allocated``, so the budget is scaled by
+:data:`CALIBRATION_SAFETY` (the icefall calibration; ``--memory-safety`` replaces it) and :func:`lower_plan` applies
+a measured peak during training. How the calibration was made: ``docs/batch_plan.md``.
 """
 
 from __future__ import annotations
