@@ -40,6 +40,7 @@ from torch import nn
 
 from ._common import log_softmax_fp32, model_device, sort_and_project
 from .fusion import BatchFusion
+from .hypothesis import DecodingResult, results_of
 
 __all__ = ["malsd_beam_search"]
 
@@ -50,8 +51,8 @@ _HASH_MUL = 1_000_003  # the rolling hash h' = h · M + (token + 1), wrapping in
 @torch.no_grad()
 def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, beam: int = 4,
                       max_sym_per_frame: int = 1, *, length_norm: bool = True, fusion: BatchFusion | None = None,
-                      return_scores: bool = False, static_shapes: bool | None = None,
-                      ) -> list[list[int]] | tuple[list[list[int]], list[float]]:
+                      return_scores: bool = False, static_shapes: bool | None = None, return_results: bool = False,
+                      ) -> list[list[int]] | tuple[list[list[int]], list[float]] | list[DecodingResult]:
     """Batched ALSD beam search over an RNN-T or TDT transducer (the rules in the module docstring).
 
     Args:
@@ -65,6 +66,8 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         return_scores: also return the chosen hypotheses' scores (float64 sums of fp32 log-probabilities).
         static_shapes: compute every hypothesis at every step (the default on CUDA) instead of only those that move
             (the default elsewhere); the same results.
+        return_results: return B :class:`~asrprec.decoding.DecodingResult`: each token's frame (where the chosen
+            hypothesis emitted it), a TDT model's durations (of the chosen (label, duration) pairs), the score.
     Returns:
         B token-id lists in the input order (and, with ``return_scores``, B floats).
     """
@@ -76,6 +79,8 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
     B, T = encoder_out.shape[:2]
     if B == 0 or T == 0:
         empty = [[] for _ in range(B)]
+        if return_results:
+            return results_of(empty, empty, empty if model.durations else None, [0.0] * B)
         return (empty, [0.0] * B) if return_scores else empty
     device = model_device(model)
     blank, C = model.blank_id, model.context_size
@@ -97,6 +102,9 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
     last = torch.full((B, K), -1, **i64)
     seq_hash = torch.zeros(B, K, **i64)
     tokens = torch.zeros(B, K, L, **i64)
+    # each label's frame (and TDT duration), kept only when asked for: (B, K, L) each
+    stamps = torch.zeros(B, K, L, **i64) if return_results else None
+    durs = torch.zeros(B, K, L, **i64) if return_results and tdt else None
     contexts = torch.full((B * K, C), blank, **i64)
     dec = model.project_decoder(contexts)  # (B·K, J)
     fstate = fusion.start(order).repeat_interleave(K, dim=0).view(B, K, 4) if fusion is not None else None
@@ -154,6 +162,10 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         # reorder the survivors' state by their source hypothesis
         t, sym, length, last, seq_hash = (x.gather(1, src) for x in (t, sym, length, last, seq_hash))
         tokens = tokens.gather(1, src[..., None].expand(B, K, L))
+        if stamps is not None:
+            stamps = stamps.gather(1, src[..., None].expand(B, K, L))
+        if durs is not None:
+            durs = durs.gather(1, src[..., None].expand(B, K, L))
         flat_src = (rows * K + src).reshape(-1)
         contexts = contexts.index_select(0, flat_src)
         dec = dec.index_select(0, flat_src)
@@ -161,6 +173,11 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
             moved = next_fstate.view(B, K, V, 4)[rows, src, label.clamp(min=0)]  # (B, K, 4)
             fstate = torch.where(emit[..., None], moved, fstate.gather(1, src[..., None].expand(B, K, 4)))
 
+        pos = length.clamp(max=L - 1)[..., None]
+        if stamps is not None:  # the frame the label is emitted on: the hypothesis's before it moves
+            stamps.scatter_(2, pos, torch.where(emit[..., None], t[..., None], stamps.gather(2, pos)))
+        if durs is not None:
+            durs.scatter_(2, pos, torch.where(emit[..., None], dur[picked % D][..., None], durs.gather(2, pos)))
         # advance frames: blank one frame (TDT: its jump), a label stays (RNN-T) or jumps its duration (TDT)
         jump = pair_jump[picked] if tdt else (~emit).long()
         stay = emit & (jump == 0)
@@ -169,7 +186,6 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         jump = torch.where(capped, 1, jump)
         sym = torch.where(capped, 0, new_sym)
         t = torch.where(was_finished | (best == NEG_INF), t, t + jump)
-        pos = length.clamp(max=L - 1)[..., None]
         tokens.scatter_(2, pos, torch.where(emit[..., None], label[..., None], tokens.gather(2, pos)))
         seq_hash = torch.where(emit, seq_hash * _HASH_MUL + label + 1, seq_hash)
         last = torch.where(emit, label, last)
@@ -214,6 +230,12 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
     n = length[rows[:, 0], best_k].tolist()
     toks = tokens[rows[:, 0], best_k].tolist()
     hyps = batch.unsort([row[:k] for row, k in zip(toks, n)])
+    if return_results:
+        def chosen(buf: torch.Tensor) -> list[list[int]]:
+            return batch.unsort([row[:k] for row, k in zip(buf[rows[:, 0], best_k].tolist(), n)])
+
+        return results_of(hyps, chosen(stamps), chosen(durs) if durs is not None else None,
+                          batch.unsort(final[rows[:, 0], best_k].tolist()))
     if return_scores:
         return hyps, batch.unsort(final[rows[:, 0], best_k].tolist())
     return hyps

@@ -20,13 +20,14 @@ from torch import nn
 
 from ._common import log_softmax_fp32, sort_and_project
 from .fusion import BatchFusion
-from .hypothesis import Hypothesis, HypothesisList
+from .hypothesis import DecodingResult, Hypothesis, HypothesisList
 
 
 @torch.no_grad()
 def modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, beam: int = 4, *,
                          length_norm: bool = True, return_hypotheses: bool = False,
-                         fusion: BatchFusion | None = None) -> list[list[int]] | list[HypothesisList]:
+                         fusion: BatchFusion | None = None, return_results: bool = False,
+                         ) -> list[list[int]] | list[HypothesisList] | list[DecodingResult]:
     """Beam search over label sequences with one symbol per frame, batched across utterances.
 
     Scores are fp32 log-softmax values (computed in an fp32 island whatever the model's dtype) summed in
@@ -45,6 +46,8 @@ def modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_ou
         fusion: LM / LODR / phrase bonuses added to the non-blank candidates (:mod:`asrprec.decoding.fusion`; icefall's
             ``modified_beam_search_lm_shallow_fusion`` / ``_LODR``); scores then include them, and the final choice
             takes back the bonus of unfinished phrases.
+        return_results: return the chosen hypotheses as B :class:`~asrprec.decoding.DecodingResult` (each token's
+            frame: where the first alignment that reached the sequence emitted it; score: its ``log_prob``).
     Returns:
         B lists of token ids (input order, no blanks, no start context), or B ``HypothesisList``.
     """
@@ -74,7 +77,8 @@ def modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_ou
                 h.log_prob += v
     if return_hypotheses:
         return beams
-    return [list(b.get_most_probable(length_norm=length_norm, context_size=C).tokens) for b in beams]
+    best = [b.get_most_probable(length_norm=length_norm, context_size=C) for b in beams]
+    return [h.result() for h in best] if return_results else [list(h.tokens) for h in best]
 
 
 def beam_search_step(model: nn.Module, enc_t: torch.Tensor, beams: list[HypothesisList], frames: list[int],

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .fusion import BatchFusion
-from .hypothesis import Hypothesis, HypothesisList
+from .hypothesis import DecodingResult, Hypothesis, HypothesisList, results_of
 
 NEG_INF = float("-inf")
 
@@ -71,7 +71,8 @@ def ctc_greedy_search(
     *,
     blank_id: int = 0,
     return_timestamps: bool = False,
-) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+    return_results: bool = False,
+) -> list[list[int]] | tuple[list[list[int]], list[list[int]]] | list[DecodingResult]:
     """Greedy CTC decoding of a batch: the argmax token of every valid frame, repeats collapsed, blanks dropped.
 
     Legend: B utterances, T frames, V vocabulary (blank included).
@@ -83,6 +84,7 @@ def ctc_greedy_search(
         blank_id: the blank's id.
         return_timestamps: also return, for each token, the first frame of its run (as sherpa-onnx reports it,
             k2-fsa/sherpa-onnx ``sherpa-onnx/csrc/offline-ctc-greedy-search-decoder.cc``).
+        return_results: return B :class:`~asrprec.decoding.DecodingResult` (tokens and those frames).
     Returns:
         B lists of token ids in the input order; with ``return_timestamps``, ``(tokens, timestamps)``.
     """
@@ -90,9 +92,11 @@ def ctc_greedy_search(
     B, _, V = log_probs.shape
     _check_blank(blank_id, V)
     if B == 0:
-        return ([], []) if return_timestamps else []
+        return ([], []) if return_timestamps and not return_results else []
     prev = torch.full((B,), -1, dtype=torch.int64)
     tokens, frames, _ = _greedy_chunk(log_probs, log_probs_lens, prev, blank_id, torch.zeros(B, dtype=torch.int64))
+    if return_results:
+        return results_of(tokens, frames)
     return (tokens, frames) if return_timestamps else tokens
 
 
@@ -122,6 +126,10 @@ class StreamingCtcGreedySearch:
             self.hyps[i] += tok
             self.timestamps[i] += fr
         self._frames += log_probs_lens.cpu().to(torch.int64)
+
+    def results(self) -> list[DecodingResult]:
+        """Each stream's tokens so far with the first frame of each token's run."""
+        return results_of(self.hyps, self.timestamps)
 
 
 class StreamingCtcPrefixBeamSearch:
@@ -276,6 +284,12 @@ class StreamingCtcPrefixBeamSearch:
         """The most probable label sequence of each stream so far."""
         return [list(h.get_most_probable().tokens) if len(h) else [] for h in self.hypotheses()]
 
+    def results(self) -> list[DecodingResult]:
+        """The most probable label sequence of each stream so far, with the frame where the sequence gained each
+        token (the first frame of its spike on that sequence's best-kept alignment) and its score."""
+        return [h.get_most_probable().result() if len(h) else DecodingResult((), (), None, None)
+                for h in self.hypotheses()]
+
 
 @torch.no_grad()
 def ctc_prefix_beam_search(
@@ -286,7 +300,8 @@ def ctc_prefix_beam_search(
     blank_id: int = 0,
     return_hypotheses: bool = False,
     fusion: BatchFusion | None = None,
-) -> list[list[int]] | list[HypothesisList]:
+    return_results: bool = False,
+) -> list[list[int]] | list[HypothesisList] | list[DecodingResult]:
     """CTC prefix beam search over a batch: the label sequences of highest probability summed over their alignments.
 
     On each frame only the ``beam`` most probable tokens are considered (icefall's first pruning); of the resulting
@@ -306,6 +321,7 @@ def ctc_prefix_beam_search(
         return_hypotheses: return each utterance's :class:`HypothesisList` (token timestamps: the frame where the
             sequence first gained the token) instead of the best tokens.
         fusion: LM / phrase bonuses added when a sequence gains a token (:class:`StreamingCtcPrefixBeamSearch`).
+        return_results: return B :class:`~asrprec.decoding.DecodingResult` (:meth:`StreamingCtcPrefixBeamSearch.results`).
     Returns:
         B lists of token ids in the input order, or B ``HypothesisList``.
     """
@@ -315,4 +331,6 @@ def ctc_prefix_beam_search(
     _check_blank(blank_id, log_probs.shape[2])
     search = StreamingCtcPrefixBeamSearch(log_probs.shape[0], beam, blank_id, device=log_probs.device, fusion=fusion)
     search.accept(log_probs, log_probs_lens)
+    if return_results:
+        return search.results()
     return search.hypotheses() if return_hypotheses else search.best()

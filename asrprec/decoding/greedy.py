@@ -15,12 +15,14 @@ from torch import nn
 
 from ._common import model_device, sort_and_project
 from .fusion import BatchFusion, fused_greedy_tokens
+from .hypothesis import DecodingResult, results_of
 
 
 @torch.no_grad()
 def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
                   max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
-                  fusion: BatchFusion | None = None) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+                  fusion: BatchFusion | None = None, return_results: bool = False,
+                  ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]] | list[DecodingResult]:
     """Greedy transducer decoding of a batch.
 
     On each frame, take the argmax token; if it is not blank, emit it, update the decoder and try the
@@ -38,6 +40,7 @@ def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens:
         return_timestamps: also return, for each token, the encoder frame that emitted it.
         fusion: LM / LODR / phrase bonuses for non-blank tokens (:mod:`asrprec.decoding.fusion`): the blank decision
             stays the acoustic model's, the non-blank token is the best with the bonus.
+        return_results: return B :class:`~asrprec.decoding.DecodingResult` (tokens and frames; no score).
     Returns:
         B lists of token ids, in the input order, without blanks and without the decoder's start context;
         with ``return_timestamps``, ``(tokens, timestamps)``: two such lists of lists, of equal lengths.
@@ -47,7 +50,7 @@ def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens:
     batch = sort_and_project(model, encoder_out, encoder_out_lens)
     B = encoder_out.size(0)
     if B == 0:
-        return ([], []) if return_timestamps else []
+        return ([], []) if return_timestamps and not return_results else []
     blank = model.blank_id
     C = model.context_size
     device = model_device(model)
@@ -77,6 +80,8 @@ def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens:
             dec[rows] = model.project_decoder(contexts[rows])
             if fusion is not None:
                 fstate[rows] = fusion.step(fstate[rows], tokens)[1]
+    if return_results:
+        return results_of(batch.unsort(hyps), batch.unsort(stamps))
     if return_timestamps:
         return batch.unsort(hyps), batch.unsort(stamps)
     return batch.unsort(hyps)

@@ -1,4 +1,4 @@
-"""Hypothesis records for transducer beam search.
+"""Decoding results (:class:`DecodingResult`) and the hypothesis records of transducer beam search.
 
 A :class:`Hypothesis` is one partial label sequence with its score (log-probability summed over the
 alignments that were merged into it). A :class:`HypothesisList` holds at most one hypothesis per
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 
 def log_add(a: float, b: float) -> float:
@@ -25,6 +25,51 @@ def log_add(a: float, b: float) -> float:
         return a
     hi, lo = (a, b) if a >= b else (b, a)
     return hi + math.log1p(math.exp(lo - hi))
+
+
+@dataclass(frozen=True)
+class DecodingResult:
+    """One utterance's decoding: its tokens and where in the encoder output each was emitted.
+
+    Every search gives it (``decode(..., return_timestamps=True)``; ``return_results=True`` of each search function).
+    Times are in encoder frames counted from the utterance's first encoder frame (0-based). An encoder frame of the
+    shipped encoders (Conformer, Zipformer) is 4 fbank frames of 10 ms: 40 ms; frame f starts at ``f · 0.04`` s.
+
+    Attributes:
+        tokens: token ids, without blank and the decoder's start context.
+        frames: the encoder frame of each token: where a transducer search emitted it, or the first frame of the
+            token's spike (its run of frames) for CTC. Non-decreasing.
+        durations: TDT only: each token's predicted duration in encoder frames (the duration head's argmax, or the
+            duration of the chosen (token, duration) pair in a beam search; 0 = another token may follow on the same
+            frame); ``None`` for RNN-T and CTC.
+        score: the log-probability score the search ranked the result by (beam searches: the hypothesis's float64
+            sum, LM / phrase bonuses included, before length normalisation); ``None`` for greedy searches.
+    """
+
+    tokens: tuple[int, ...]
+    frames: tuple[int, ...]
+    durations: tuple[int, ...] | None = None
+    score: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", tuple(int(k) for k in self.tokens))
+        object.__setattr__(self, "frames", tuple(int(f) for f in self.frames))
+        if self.durations is not None:
+            object.__setattr__(self, "durations", tuple(int(d) for d in self.durations))
+        if self.score is not None:
+            object.__setattr__(self, "score", float(self.score))
+        if len(self.frames) != len(self.tokens) or (self.durations is not None
+                                                    and len(self.durations) != len(self.tokens)):
+            raise ValueError(f"a DecodingResult needs one frame (and duration) per token: {len(self.tokens)} tokens, "
+                             f"{len(self.frames)} frames, durations {self.durations}")
+
+
+def results_of(tokens: Sequence[Sequence[int]], frames: Sequence[Sequence[int]],
+               durations: Sequence[Sequence[int]] | None = None,
+               scores: Sequence[float] | None = None) -> list[DecodingResult]:
+    """B :class:`DecodingResult` from per-utterance lists (``durations`` / ``scores`` None: none)."""
+    return [DecodingResult(tokens[b], frames[b], None if durations is None else durations[b],
+                           None if scores is None else scores[b]) for b in range(len(tokens))]
 
 
 @dataclass
@@ -49,6 +94,10 @@ class Hypothesis:
     @property
     def key(self) -> tuple[int, ...]:
         return self.tokens
+
+    def result(self) -> DecodingResult:
+        """The :class:`DecodingResult` of this hypothesis (its tokens, their frames and ``log_prob``)."""
+        return DecodingResult(self.tokens, self.timestamps, None, self.log_prob)
 
     def context(self, context_size: int, blank_id: int) -> list[int]:
         """The decoder input for this hypothesis: the last ``context_size`` tokens, left-padded with blank."""

@@ -40,6 +40,7 @@ from asrprec.precision.islands import autocast_dtype, autocast_without_cache
 
 from ._common import model_device, sort_and_project
 from .fusion import BatchFusion, fused_greedy_tokens
+from .hypothesis import DecodingResult, results_of
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ class LabelLoopingGreedy:
             the default with graphs) instead of only on the rows that move (the default without).
     """
 
+    _has_durations = False  # results with durations (TDT, whose state has ``durs``)
+
     def __init__(self, model: nn.Module, max_sym_per_frame: int = 1, *, use_cuda_graphs: bool | None = None,
                  window: int = 8, static_shapes: bool | None = None):
         if not isinstance(max_sym_per_frame, int) or max_sym_per_frame < 1:
@@ -138,20 +141,23 @@ class LabelLoopingGreedy:
     @torch.no_grad()
     def __call__(
         self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, *, return_timestamps: bool = False,
-        fusion: BatchFusion | None = None,
-    ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+        fusion: BatchFusion | None = None, return_results: bool = False,
+    ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]] | list[DecodingResult]:
         """Decode a batch: encoder_out (B, T, D_enc) any float dtype, encoder_out_lens (B,) integer (0 allowed).
 
         ``fusion``: LM / LODR / phrase bonuses (:mod:`asrprec.decoding.fusion`; the blank decision stays the acoustic
         model's). A batch with fusion runs eagerly, without CUDA graphs (its tables change from batch to batch).
 
         Returns B token-id lists in the input order (no blanks, no start context); with ``return_timestamps``,
-        ``(tokens, timestamps)`` where ``timestamps[b][i]`` is the encoder frame that emitted ``tokens[b][i]``.
+        ``(tokens, timestamps)`` where ``timestamps[b][i]`` is the encoder frame that emitted ``tokens[b][i]``; with
+        ``return_results``, B :class:`~asrprec.decoding.DecodingResult` (a TDT search's with durations).
         """
         batch = sort_and_project(self.model, encoder_out, encoder_out_lens)
         B, T = encoder_out.shape[:2]
         if B == 0 or T == 0:
             empty = [[] for _ in range(B)]
+            if return_results:
+                return results_of(empty, empty, empty if self._has_durations else None)
             return (empty, [[] for _ in range(B)]) if return_timestamps else empty
         order = torch.tensor(batch.order, device=self.device)
         lens = encoder_out_lens.to(self.device, torch.int64).index_select(0, order)
@@ -163,8 +169,14 @@ class LabelLoopingGreedy:
         toks = s.tokens[:B, :width].tolist()
         stamps = s.stamps[:B, :width].tolist()
         hyps = batch.unsort([row[:k] for row, k in zip(toks, n)])
+        frames = batch.unsort([row[:k] for row, k in zip(stamps, n)])
+        if return_results:
+            durs = None
+            if self._has_durations:  # a TDT search's state keeps each label's duration beside it
+                durs = batch.unsort([row[:k] for row, k in zip(s.durs[:B, :width].tolist(), n)])
+            return results_of(hyps, frames, durs)
         if return_timestamps:
-            return hyps, batch.unsort([row[:k] for row, k in zip(stamps, n)])
+            return hyps, frames
         return hyps
 
     # -- state ------------------------------------------------------------------------------------
@@ -357,8 +369,8 @@ class LabelLoopingGreedy:
 def label_looping_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
                                 max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
                                 use_cuda_graphs: bool | None = None,
-                                window: int = 8, fusion: BatchFusion | None = None,
-                                ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+                                window: int = 8, fusion: BatchFusion | None = None, return_results: bool = False,
+                                ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]] | list[DecodingResult]:
     """Greedy transducer decoding of a batch by label looping (same results as ``greedy_search``).
 
     Legend: B utterances, T encoder frames, D_enc encoder width.
@@ -372,9 +384,11 @@ def label_looping_greedy_search(model: nn.Module, encoder_out: torch.Tensor, enc
         use_cuda_graphs, window: see :class:`LabelLoopingGreedy`. A one-off call captures its graphs anew; to
             decode many batches, keep one :class:`LabelLoopingGreedy`.
         fusion: LM / LODR / phrase bonuses (:mod:`asrprec.decoding.fusion`).
+        return_results: return B :class:`~asrprec.decoding.DecodingResult` (tokens and frames).
     Returns:
         B lists of token ids in the input order, without blanks and the start context; with
         ``return_timestamps``, ``(tokens, timestamps)``.
     """
     search = LabelLoopingGreedy(model, max_sym_per_frame, use_cuda_graphs=use_cuda_graphs, window=window)
-    return search(encoder_out, encoder_out_lens, return_timestamps=return_timestamps, fusion=fusion)
+    return search(encoder_out, encoder_out_lens, return_timestamps=return_timestamps, fusion=fusion,
+                  return_results=return_results)

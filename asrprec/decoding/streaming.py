@@ -21,11 +21,12 @@ from ._common import check_inputs, model_device
 from .api import CTC_METHODS, DecodingOptions, check_method
 from .beam_search import beam_search_step
 from .ctc import StreamingCtcGreedySearch, StreamingCtcPrefixBeamSearch
-from .hypothesis import Hypothesis, HypothesisList
+from .hypothesis import DecodingResult, Hypothesis, HypothesisList, results_of
 
 
 class StreamingGreedySearch:
-    """Greedy search fed encoder output a chunk at a time; :attr:`hyps` is the partial result after each chunk.
+    """Greedy search fed encoder output a chunk at a time; :attr:`hyps` is the partial result after each chunk,
+    :attr:`timestamps` the frame of each token counted from the start of its stream (:meth:`results`).
 
     Same decisions as :func:`asrprec.decoding.greedy_search` over the concatenated chunks (greedy search only
     looks at the current frame and the emitted tokens), written per frame without the length sort, so a test
@@ -40,6 +41,8 @@ class StreamingGreedySearch:
         self.blank = model.blank_id
         self.device = model_device(model)
         self.hyps: list[list[int]] = [[] for _ in range(batch_size)]
+        self.timestamps: list[list[int]] = [[] for _ in range(batch_size)]
+        self.frames = [0] * batch_size  # frames consumed per stream
         self.contexts = torch.full((batch_size, model.context_size), self.blank, dtype=torch.int64,
                                    device=self.device)
         self.dec = model.project_decoder(self.contexts) if batch_size else None  # (B, J)
@@ -65,8 +68,14 @@ class StreamingGreedySearch:
                     break
                 for r, k in zip(rows.tolist(), tokens.tolist()):
                     self.hyps[r].append(k)
+                    self.timestamps[r].append(self.frames[r] + t)
                 self.contexts[rows] = torch.cat([self.contexts[rows, 1:], tokens[:, None]], dim=1)
                 self.dec[rows] = self.model.project_decoder(self.contexts[rows])
+        self.frames = [f + n for f, n in zip(self.frames, lens.tolist())]
+
+    def results(self) -> list[DecodingResult]:
+        """Each stream's tokens so far with their frames."""
+        return results_of(self.hyps, self.timestamps)
 
 
 class StreamingModifiedBeamSearch:
@@ -102,8 +111,12 @@ class StreamingModifiedBeamSearch:
 
     def best(self) -> list[list[int]]:
         """The best token sequence of each stream so far (length-normalised score unless ``length_norm=False``)."""
+        return [list(r.tokens) for r in self.results()]
+
+    def results(self) -> list[DecodingResult]:
+        """The best hypothesis of each stream so far with its frames and score."""
         c = self.model.context_size
-        return [list(b.get_most_probable(length_norm=self.length_norm, context_size=c).tokens) for b in self.beams]
+        return [b.get_most_probable(length_norm=self.length_norm, context_size=c).result() for b in self.beams]
 
 
 @torch.no_grad()

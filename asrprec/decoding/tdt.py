@@ -31,7 +31,7 @@ from torch import nn
 
 from ._common import check_inputs, log_softmax_fp32, model_device, sort_and_project
 from .fusion import BatchFusion, fused_greedy_tokens
-from .hypothesis import log_add
+from .hypothesis import DecodingResult, log_add, results_of
 
 __all__ = [
     "StreamingTdtGreedySearch", "TdtHypothesis", "is_tdt", "tdt_durations", "tdt_greedy_search",
@@ -72,8 +72,9 @@ class StreamingTdtGreedySearch:
 
     Each utterance keeps its own frame pointer; one step evaluates the joiner once for every utterance whose pointer
     lies inside the frames received so far, emits or skips, and jumps. A jump past the frames received waits for the
-    next chunk, so the result equals that of decoding the concatenated chunks at once. :attr:`hyps` and
-    :attr:`timestamps` hold the partial results; :attr:`joiner_steps` counts each utterance's joiner evaluations.
+    next chunk, so the result equals that of decoding the concatenated chunks at once. :attr:`hyps`,
+    :attr:`timestamps` and :attr:`token_durations` (each token's predicted duration) hold the partial results
+    (:meth:`results`); :attr:`joiner_steps` counts each utterance's joiner evaluations.
 
     Args:
         model: a TDT transducer (``model.durations`` non-empty), any precision.
@@ -93,6 +94,7 @@ class StreamingTdtGreedySearch:
         self.durations = torch.tensor(tdt_durations(model), dtype=torch.int64, device=self.device)
         self.hyps: list[list[int]] = [[] for _ in range(batch_size)]
         self.timestamps: list[list[int]] = [[] for _ in range(batch_size)]
+        self.token_durations: list[list[int]] = [[] for _ in range(batch_size)]
         self.t = torch.zeros(batch_size, dtype=torch.int64, device=self.device)  # absolute frame per stream
         self.sym = torch.zeros_like(self.t)  # tokens emitted on the current frame
         self.joiner_steps = torch.zeros_like(self.t)
@@ -142,6 +144,10 @@ class StreamingTdtGreedySearch:
         buf[rows[valid], pos[valid]] = enc[valid]
         self._enc, self._offset = buf, start
 
+    def results(self) -> list[DecodingResult]:
+        """Each stream's tokens so far with their frames and predicted durations."""
+        return results_of(self.hyps, self.timestamps, self.token_durations)
+
     def _run(self) -> None:
         model, blank = self.model, self.blank
         while True:
@@ -158,6 +164,7 @@ class StreamingTdtGreedySearch:
                 tokens, jumps = best_token_and_jump(logits, self.vocab, self.durations, blank)
             self.joiner_steps[rows] += 1
             emit = tokens != blank
+            predicted = jumps  # a token's duration (only a blank's is clamped)
             stay = emit & (jumps == 0)
             sym = torch.where(stay, self.sym[rows] + 1, 0)
             capped = sym >= self.max_sym
@@ -166,9 +173,10 @@ class StreamingTdtGreedySearch:
             self.t[rows] = t + jumps
             erows, etoks = rows[emit], tokens[emit]
             if erows.numel():
-                for r, k, f in zip(erows.tolist(), etoks.tolist(), t[emit].tolist()):
+                for r, k, f, d in zip(erows.tolist(), etoks.tolist(), t[emit].tolist(), predicted[emit].tolist()):
                     self.hyps[r].append(k)
                     self.timestamps[r].append(f)
+                    self.token_durations[r].append(d)
                 self.contexts[erows] = torch.cat([self.contexts[erows, 1:], etoks[:, None]], dim=1)
                 self.dec[erows] = model.project_decoder(self.contexts[erows])
                 if self.fusion is not None:
@@ -178,7 +186,8 @@ class StreamingTdtGreedySearch:
 @torch.no_grad()
 def tdt_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
                       max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
-                      fusion: BatchFusion | None = None) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+                      fusion: BatchFusion | None = None, return_results: bool = False,
+                      ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]] | list[DecodingResult]:
     """Batched TDT greedy search: each utterance advances by its predicted durations (the rules in the module
     docstring); one joiner call per step for every utterance with frames left, the decoder only for those that
     emitted.
@@ -190,6 +199,7 @@ def tdt_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         max_sym_per_frame: at most this many tokens on one frame (>= 1).
         return_timestamps: also return, for each token, the encoder frame that emitted it.
         fusion: LM / phrase bonuses (:class:`StreamingTdtGreedySearch`).
+        return_results: return B :class:`~asrprec.decoding.DecodingResult` (tokens, frames, predicted durations).
     Returns:
         B token-id lists in the input order (no blanks, no start context); with ``return_timestamps``,
         ``(tokens, timestamps)``.
@@ -198,6 +208,8 @@ def tdt_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
     check_inputs(encoder_out, encoder_out_lens)
     search = StreamingTdtGreedySearch(model, encoder_out.shape[0], max_sym_per_frame, fusion=fusion)
     search.accept(encoder_out, encoder_out_lens)
+    if return_results:
+        return search.results()
     return (search.hyps, search.timestamps) if return_timestamps else search.hyps
 
 
@@ -208,7 +220,8 @@ class TdtHypothesis:
     Attributes:
         tokens: emitted token ids (no blank, no start context). log_prob: log-probability over the alignments merged
         into it (fp32 log-softmax values summed in float64). timestamps: the frame of each token. frame: the frame
-        it is to be expanded at. sym: tokens it emitted on ``frame`` so far.
+        it is to be expanded at. sym: tokens it emitted on ``frame`` so far. durations: each token's duration (of its
+        chosen (token, duration) pair; merged duplicates keep the first record's, as ``timestamps``).
     """
 
     tokens: tuple[int, ...] = ()
@@ -217,6 +230,11 @@ class TdtHypothesis:
     frame: int = 0
     sym: int = 0
     fusion_state: tuple[int, ...] = field(default=())
+    durations: tuple[int, ...] = field(default=())
+
+    def result(self) -> DecodingResult:
+        """The :class:`DecodingResult` of this hypothesis (tokens, frames, durations and ``log_prob``)."""
+        return DecodingResult(self.tokens, self.timestamps, self.durations, self.log_prob)
 
     def normalized_score(self, context_size: int) -> float:
         """``log_prob / (context_size + len(tokens))``, the length normalisation of
@@ -236,7 +254,8 @@ def _merge(pool: dict[tuple[int, ...], TdtHypothesis], hyp: TdtHypothesis) -> No
 @torch.no_grad()
 def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, beam: int = 4,
                              max_sym_per_frame: int = 1, *, length_norm: bool = True, return_hypotheses: bool = False,
-                             fusion: BatchFusion | None = None) -> list[list[int]] | list[list[TdtHypothesis]]:
+                             fusion: BatchFusion | None = None, return_results: bool = False,
+                             ) -> list[list[int]] | list[list[TdtHypothesis]] | list[DecodingResult]:
     """Modified beam search adapted to durations, batched across utterances.
 
     icefall's ``modified_beam_search`` moves every hypothesis one frame per step; here each hypothesis waits at its
@@ -258,6 +277,8 @@ def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encode
         return_hypotheses: return each utterance's finished hypotheses (best first by the chosen score).
         fusion: LM / LODR / phrase bonuses added to the non-blank tokens' scores (:mod:`asrprec.decoding.fusion`);
             finished hypotheses give back the bonus of an unfinished phrase.
+        return_results: return the chosen hypotheses as B :class:`~asrprec.decoding.DecodingResult` (frames,
+            durations and score).
     Returns:
         B token-id lists in the input order, or B lists of :class:`TdtHypothesis`.
     """
@@ -328,13 +349,15 @@ def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encode
                     tok = pair // K
                     step = jump[pair]
                     if tok == blank:
-                        new = TdtHypothesis(src.tokens, score, src.timestamps, t + step, 0, src.fusion_state)
+                        new = TdtHypothesis(src.tokens, score, src.timestamps, t + step, 0, src.fusion_state,
+                                            src.durations)
                     else:
                         sym = src.sym + 1 if step == 0 else 0
                         if sym >= max_sym_per_frame:
                             step, sym = 1, 0
                         state = tuple(next_states[h, tok].tolist()) if fusion is not None else ()
-                        new = TdtHypothesis(src.tokens + (tok,), score, src.timestamps + (t,), t + step, sym, state)
+                        new = TdtHypothesis(src.tokens + (tok,), score, src.timestamps + (t,), t + step, sym, state,
+                                            src.durations + (durations[pair % K],))
                     if new.frame >= lens[u]:
                         _merge(finished[u], new)
                     else:
@@ -352,4 +375,4 @@ def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encode
     results = batch.unsort([sorted(f.values(), key=rank, reverse=True) for f in finished])
     if return_hypotheses:
         return results
-    return [list(r[0].tokens) for r in results]
+    return [r[0].result() for r in results] if return_results else [list(r[0].tokens) for r in results]

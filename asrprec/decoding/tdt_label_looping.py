@@ -33,12 +33,13 @@ __all__ = ["TdtLabelLoopingGreedy", "tdt_label_looping_greedy_search"]
 @dataclass
 class TdtLoopState(LoopState):
     """:class:`asrprec.decoding.label_looping.LoopState` plus, per row, the jump of its current label (``jump``,
-    (B_cap,): the label's duration, at least 1 for blank), the joiner evaluations so far (``joiner_steps``) and the
-    duration table (``durations``, (K,))."""
+    (B_cap,): the label's duration, at least 1 for blank), the joiner evaluations so far (``joiner_steps``), the
+    duration table (``durations``, (K,)) and each emitted label's duration (``durs``, beside ``tokens``)."""
 
     jump: torch.Tensor = None
     joiner_steps: torch.Tensor = None
     durations: torch.Tensor = None
+    durs: torch.Tensor = None
 
 
 class TdtLabelLoopingGreedy(LabelLoopingGreedy):
@@ -52,6 +53,8 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
     After a call, :meth:`frame_stats` gives the frames and joiner evaluations of the batch just decoded.
     """
 
+    _has_durations = True
+
     def __init__(self, model: nn.Module, max_sym_per_frame: int = 1, *, use_cuda_graphs: bool | None = None,
                  static_shapes: bool | None = None):
         super().__init__(model, max_sym_per_frame, use_cuda_graphs=use_cuda_graphs, window=1,
@@ -60,13 +63,17 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
         self.vocab = model.vocab_size
         self._batch = 0
 
-    def __call__(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, *, return_timestamps: bool = False):
+    def __call__(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, *, return_timestamps: bool = False,
+                 return_results: bool = False):
         """Decode a batch: encoder_out (B, T, D_enc) any float dtype, encoder_out_lens (B,) integer (0 allowed).
 
-        Returns B token-id lists in the input order; with ``return_timestamps``, ``(tokens, timestamps)``."""
+        Returns B token-id lists in the input order; with ``return_timestamps``, ``(tokens, timestamps)``; with
+        ``return_results``, B :class:`~asrprec.decoding.DecodingResult` with each token's frame and duration."""
         self._batch = encoder_out.shape[0]
         self._last_lens = encoder_out_lens.detach().to("cpu", torch.int64)
-        return super().__call__(encoder_out, encoder_out_lens, return_timestamps=return_timestamps)
+        return super().__call__(encoder_out, encoder_out_lens, return_timestamps=return_timestamps,
+                                return_results=return_results)
+
 
     def frame_stats(self) -> dict[str, int]:
         """``frames`` (valid encoder frames) and ``joiner_steps`` (joiner evaluations) of the last batch: frames per
@@ -82,7 +89,8 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
         fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
         return TdtLoopState(**fields, jump=torch.zeros(B, dtype=torch.int64, device=self.device),
                             joiner_steps=torch.zeros(B, dtype=torch.int64, device=self.device),
-                            durations=torch.tensor(self.durations, dtype=torch.int64, device=self.device))
+                            durations=torch.tensor(self.durations, dtype=torch.int64, device=self.device),
+                            durs=torch.zeros_like(base.tokens))
 
     # -- the loop ---------------------------------------------------------------------------------
     def _predict(self, s: TdtLoopState, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,6 +126,12 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
         self._update_labels(s, rows, m)
         self._after_labels(s)
 
+    def _record_labels(self, s: TdtLoopState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The base class's, and each emitted label's duration (its jump: a label's is not clamped) beside it."""
+        col = torch.where(s.active, s.n_out, s.durs.shape[1] - 1)[:, None]
+        s.durs.scatter_(1, col, s.jump[:, None])
+        return super()._record_labels(s)
+
     def _emit(self, s: TdtLoopState) -> None:
         """Every active row emits its label at its frame; the decoder advances for those rows; each row jumps by
         the label's duration (a duration 0 stays, unless it is the ``max_sym_per_frame``-th label on the frame:
@@ -135,16 +149,17 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
 
 def tdt_label_looping_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
                                     max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
-                                    use_cuda_graphs: bool | None = None,
-                                    ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]]:
+                                    use_cuda_graphs: bool | None = None, return_results: bool = False,
+                                    ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]] | list:
     """TDT greedy decoding of a batch by label looping (same results as :func:`asrprec.decoding.tdt_greedy_search`).
 
     Args:
         model: a TDT transducer, any precision. encoder_out: (B, T, D_enc). encoder_out_lens: (B,) integer (0 allowed).
         max_sym_per_frame: at most this many tokens on one frame (>= 1).
         return_timestamps: also return each token's frame. use_cuda_graphs: see :class:`TdtLabelLoopingGreedy`.
+        return_results: return B :class:`~asrprec.decoding.DecodingResult` (tokens, frames, durations).
     Returns:
         B token-id lists in the input order; with ``return_timestamps``, ``(tokens, timestamps)``.
     """
     search = TdtLabelLoopingGreedy(model, max_sym_per_frame, use_cuda_graphs=use_cuda_graphs)
-    return search(encoder_out, encoder_out_lens, return_timestamps=return_timestamps)
+    return search(encoder_out, encoder_out_lens, return_timestamps=return_timestamps, return_results=return_results)
