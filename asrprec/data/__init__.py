@@ -45,6 +45,7 @@ _EXPORTS = {
     "NoiseMixConfig": "datamodule",
     "compute_fbank_lazy": "features",
     "load_cuts": "manifests",
+    "ManifestError": "manifests",
     "write_cuts": "manifests",
     "speed_perturbed": "manifests",
     "shuffle_manifests": "manifests",

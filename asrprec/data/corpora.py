@@ -254,7 +254,12 @@ def malformed_transcript_lines(part_dir: Path) -> list[tuple[Path, int, str]]:
     with an id of the file's chapter."""
     out = []
     for trans in sorted(Path(part_dir).rglob("*.trans.txt")):
-        for i, line in enumerate(trans.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        for i, raw in enumerate(trans.read_bytes().splitlines(), 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                out.append((trans, i, f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"))
+                continue
             fields = line.split(maxsplit=1)
             if not fields:
                 why = "empty line"
@@ -377,7 +382,8 @@ def musan_noise_cuts(manifest_dir: Path | str, *, window_s: float = 10.0, min_s:
     """
     lhotse = require("lhotse")
     if not 0 < min_s < window_s:
-        raise ValueError(f"MUSAN windows: need 0 < min_s < window_s, got min_s={min_s}, window_s={window_s}")
+        raise CorpusError(f"MUSAN noise windows need 0 < --musan-min-s < --musan-window-s, got --musan-min-s {min_s:g} "
+                          f"and --musan-window-s {window_s:g}; fix: a --musan-min-s below --musan-window-s")
     recordings = []
     for part, path in musan_manifest_paths(manifest_dir).items():
         if not path.is_file():

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Sequence
 
 from asrprec._optional import require
 from asrprec.atomic import atomic_path
+from asrprec.errors import AsrprecError
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +25,60 @@ log = logging.getLogger(__name__)
 SPEED_FACTORS = (0.9, 1.1)
 
 
+class ManifestError(AsrprecError, ValueError):
+    """A manifest file that holds no cuts or cannot be read; the message names the file (and line) and the fix."""
+
+
+def _open_lines(path: Path) -> Any:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def unreadable_line(path: Path | str, *, parse: bool = True) -> tuple[int, str] | None:
+    """``(line number, why)`` of the first line of the JSON-lines manifest ``path`` that is not UTF-8 (or, with
+    ``parse``, not a JSON object), or None when every line is."""
+    import json
+
+    path = Path(path)
+    try:
+        with _open_lines(path) as f:
+            for i, raw in enumerate(f, 1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return i, f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"
+                if parse and text.strip():
+                    try:
+                        json.loads(text)
+                    except ValueError as e:
+                        return i, f"not a JSON object ({e})"
+    except (OSError, EOFError) as e:  # a truncated or corrupt gzip stream
+        return i + 1 if "i" in locals() else 1, f"unreadable ({e})"
+    return None
+
+
 def load_cuts(path: Path | str, *, lazy: bool = True, hint: str = "run the data preparation first") -> Any:
     """The CutSet in ``path``: read lazily (one cut at a time, as iterated) or eagerly. A missing file is a
-    FileNotFoundError naming it and ``hint`` (how to make it)."""
+    FileNotFoundError naming it and ``hint`` (how to make it).
+
+    Raises:
+        ManifestError: an empty manifest, or a line that is not UTF-8 (checked before a lazy read, which would meet
+            it only mid-epoch) or not JSON, naming ``path:line``.
+    """
     lhotse = require("lhotse")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; fix: {hint}")
-    return lhotse.load_manifest_lazy(path) if lazy else lhotse.CutSet.from_file(path).to_eager()
+    bad = unreadable_line(path, parse=not lazy)
+    if bad is None:
+        try:
+            cuts = lhotse.load_manifest_lazy(path) if lazy else lhotse.CutSet.from_file(path)
+        except (ValueError, OSError, EOFError, KeyError, TypeError) as e:
+            bad = unreadable_line(path) or (1, f"not a lhotse manifest ({type(e).__name__}: {e})")
+    if bad is not None:
+        raise ManifestError(f"{path}:{bad[0]}: {bad[1]}; fix: {hint} (or repair that line)")
+    if cuts is None:  # lhotse reads an empty file as None
+        raise ManifestError(f"{path} holds no cuts; fix: {hint} (check that the split is not empty)")
+    return cuts if lazy else cuts.to_eager()
 
 
 def write_cuts(cuts: Iterable[Any], path: Path | str) -> int:

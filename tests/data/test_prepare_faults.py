@@ -222,3 +222,20 @@ def test_fbank_order_follows_the_cuts_not_the_chunks_or_jobs(tiny_corpus, tmp_pa
     train = cuts["train"]
     out = compute_fbank_lazy(train, tmp_path / "feats", tmp_path / "cuts.jsonl.gz", chunk_size=5, num_jobs=2)
     assert [c.id for c in out] == list(train.ids)
+
+
+def test_transcript_lines_that_are_not_utf8_are_named_by_file_and_line(tmp_path):
+    chapter = tmp_path / "LibriSpeech" / "dev-clean" / "19" / "198"
+    chapter.mkdir(parents=True)
+    trans = chapter / "19-198.trans.txt"
+    trans.write_bytes(b"19-198-0000 HELLO WORLD\n19-198-0001 CAF\xe9 AU LAIT\n")  # Latin-1, not UTF-8
+    with pytest.raises(CorpusError) as e:
+        prepare_librispeech_manifests(tmp_path, ["dev-clean"], tmp_path / "manifests", max_bad_lines=0)
+    assert f"{trans}:2: not UTF-8 text (byte 0xe9 at column 16)" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("window_s, min_s", [(2.0, 2.0), (2.0, 3.0), (2.0, 0.0)])
+def test_musan_window_flags_out_of_order_give_one_line_naming_both(tmp_path, window_s, min_s):
+    with pytest.raises(CorpusError, match=r"0 < --musan-min-s < --musan-window-s, got --musan-min-s .* fix: "):
+        musan_noise_cuts(tmp_path, window_s=window_s, min_s=min_s)
