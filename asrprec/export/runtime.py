@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Unio
 import numpy as np
 
 from asrprec._optional import require
+from asrprec.errors import AsrprecError
 
 #: the log-mel value of a frame of digital silence: Kaldi's fbank floors the energy at FLT_EPSILON
 #: (csukuangfj/kaldi-native-fbank ``kaldi-native-fbank/csrc/feature-fbank.cc``; lhotse uses the same floor)
@@ -34,6 +35,10 @@ def _numpy(x: ArrayLike, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x, dtype=dtype))
 
 
+class OnnxModelError(AsrprecError, ValueError):
+    """An exported ONNX file that onnxruntime cannot load (truncated, corrupt, not ONNX); names the file and the fix."""
+
+
 def _ort_model(path: Path | str, num_threads: int):
     ort = require("onnxruntime")
     path = Path(path)
@@ -42,7 +47,13 @@ def _ort_model(path: Path | str, num_threads: int):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = num_threads
     opts.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own Fail / InvalidProtobuf / InvalidGraph types
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OnnxModelError(f"onnxruntime cannot load {path} ({path.stat().st_size:,} bytes): {reason[:200]}; fix: "
+                             "export the model again (recipes/<recipe>/export.py); a file cut short by a full disk "
+                             "or an interrupted copy looks like this") from None
 
 
 def _metadata(model) -> Dict[str, str]:

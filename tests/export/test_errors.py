@@ -81,3 +81,25 @@ def test_recipe_export_reports_a_missing_experiment(tmp_path):
     assert out.returncode != 0
     assert "model.json does not exist" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.0])
+def test_a_truncated_onnx_file_is_one_error_naming_it(tmp_path, keep):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from asrprec.export.runtime import OnnxModelError, _ort_model
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
+    path = tmp_path / "encoder.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert _ort_model(path, 1).run(None, {"x": np.ones((1, 64), np.float32)})[0][0, 0] == 64.0  # whole: it runs
+    path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep)])
+    with pytest.raises(OnnxModelError, match=rf"onnxruntime cannot load {path} .* fix: export the model again") as e:
+        _ort_model(path, 1)
+    assert "\n" not in str(e.value)
