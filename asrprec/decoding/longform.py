@@ -1,0 +1,197 @@
+"""Decode a recording of any length in overlapping chunks, with bounded memory, into words timed in the recording.
+
+The encoder sees one chunk (``chunk_seconds``) at a time, so its memory (attention is quadratic in length) does not
+grow with the recording; from a lhotse cut or recording, audio is also read and turned into fbank one chunk at a
+time. Neighbouring chunks share ``overlap_seconds``; the boundary between them is the middle of the shared part, and
+each chunk keeps the words whose centre lies on its side (its *owned* region). A word near a seam is therefore whole
+in at least the chunk that owns it (words shorter than ``overlap_seconds / 2``) and kept once; a word cut by a chunk's
+edge has its centre beyond the boundary and is dropped from that chunk. Chunk starts are whole encoder frames (4 fbank
+frames), so every chunk's frames lie on the recording's 40 ms grid (:mod:`asrprec.decoding.timestamps`).
+
+Defaults suit the offline Zipformer, whose attention spans the whole chunk: 20 s chunks (LibriSpeech utterances run
+up to ~35 s, and icefall's recipes train on cuts up to 20-30 s) with 4 s of overlap, so each word keeps 2 s of context
+on its far side (NeMo's buffered inference and sherpa-onnx's VAD segmenting use chunks of a similar size).
+
+Legend: T feature frames (10 ms), F feature bins, T' encoder frames (40 ms), B chunks in one batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from asrprec.config import option
+
+from ._common import model_device
+from .api import DecodingOptions, check_method
+from .timestamps import FEATURE_SHIFT_S, SUBSAMPLING_FACTOR, WordSpan, ctc_token_runs, words_from_ids
+
+__all__ = ["Chunk", "LongFormOptions", "decode_long", "decode_long_cuts", "plan_chunks"]
+
+SAMPLE_RATE = 16000
+
+
+@dataclass(frozen=True)
+class LongFormOptions:
+    """How a long recording is cut into chunks (module docstring)."""
+
+    chunk_seconds: float = option(20.0, metavar="SECONDS", help="long-form decoding: seconds of audio the encoder sees "
+                                                                "at once (memory does not grow with the recording)")
+    overlap_seconds: float = option(4.0, metavar="SECONDS", help="long-form decoding: seconds two neighbouring chunks "
+                                                                 "share; each keeps the words centred on its side")
+    chunks_per_batch: int = option(4, help="long-form decoding: chunks encoded together in one batch")
+
+    def __post_init__(self) -> None:
+        if not self.chunk_seconds > 0:
+            raise ValueError(f"chunk_seconds must be > 0, got {self.chunk_seconds}")
+        if not 0 <= self.overlap_seconds < self.chunk_seconds:
+            raise ValueError(f"overlap_seconds must lie in [0, chunk_seconds={self.chunk_seconds}), "
+                             f"got {self.overlap_seconds}")
+        if self.chunks_per_batch < 1:
+            raise ValueError(f"chunks_per_batch must be >= 1, got {self.chunks_per_batch}")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Feature frames ``[start, end)`` of the recording and the region ``[own_start, own_end)`` (seconds) whose
+    words this chunk keeps."""
+
+    start: int
+    end: int
+    own_start: float
+    own_end: float
+
+
+def plan_chunks(num_frames: int, options: LongFormOptions) -> list[Chunk]:
+    """The chunks covering ``num_frames`` 10 ms frames: starts every ``chunk - overlap`` (whole encoder frames), the
+    last one ending at ``num_frames``; owned regions meet at the middle of each overlap and tile the line."""
+    chunk = max(SUBSAMPLING_FACTOR, int(round(options.chunk_seconds / FEATURE_SHIFT_S)))
+    step = (chunk - int(round(options.overlap_seconds / FEATURE_SHIFT_S))) // SUBSAMPLING_FACTOR * SUBSAMPLING_FACTOR
+    step = max(step, SUBSAMPLING_FACTOR)
+    spans = []
+    start = 0
+    while start + chunk < num_frames:
+        spans.append([start, start + chunk])
+        start += step
+    last = max(0, num_frames - chunk) // SUBSAMPLING_FACTOR * SUBSAMPLING_FACTOR
+    if spans and last <= spans[-1][0]:
+        spans[-1][1] = num_frames  # the rest is shorter than one encoder frame: the previous chunk takes it
+    else:
+        spans.append([last, num_frames])
+    bounds = [(a_end + b_start) / 2 * FEATURE_SHIFT_S for (_, a_end), (b_start, _) in zip(spans, spans[1:])]
+    owns = zip([-float("inf")] + bounds, bounds + [float("inf")])
+    return [Chunk(s, e, lo, hi) for (s, e), (lo, hi) in zip(spans, owns)]
+
+
+def _timed_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
+                  search: DecodingOptions) -> list[tuple[Sequence[int], Sequence[int], Sequence[int] | None]]:
+    """B ``(tokens, frames, durations)``: by ``decode_encoder_out(..., return_timestamps=True)`` where the decoding
+    API gives times for every method; otherwise greedy search (RNN-T) and CTC greedy search, the two that have them."""
+    from . import api
+
+    if "return_timestamps" in inspect.signature(api.decode_encoder_out).parameters:
+        results = api.decode_encoder_out(model, encoder_out, encoder_out_lens, search, return_timestamps=True)
+        return [(r.tokens, r.frames, r.durations) for r in results]
+    check_method(model, search.method)
+    lens = encoder_out_lens.tolist()
+    if search.method == "ctc_greedy_search":
+        best = model.ctc_log_probs(encoder_out).argmax(dim=-1).cpu()  # (B, T')
+        return [ctc_token_runs(best[b, : lens[b]].tolist(), model.blank_id) for b in range(len(lens))]
+    from .tdt import is_tdt
+
+    if search.method == "greedy_search" and not is_tdt(model):
+        from .greedy import greedy_search
+
+        tokens, frames = greedy_search(model, encoder_out, encoder_out_lens, search.max_sym_per_frame,
+                                       return_timestamps=True)
+        return [(t, f, None) for t, f in zip(tokens, frames)]
+    raise ValueError(f"word times from {search.method} need the decoding API's return_timestamps; "
+                     "fix: decode long recordings with greedy_search (RNN-T) or ctc_greedy_search")
+
+
+class _Features:
+    """Feature frames of a (T, F) tensor or, read chunk by chunk from its audio, of a lhotse cut or recording."""
+
+    def __init__(self, source: Any):
+        self.tensor = source if isinstance(source, torch.Tensor) else None
+        if self.tensor is not None:
+            if source.dim() != 2:
+                raise ValueError(f"features must be (T, F), got shape {tuple(source.shape)}")
+            self.num_frames = source.size(0)
+            return
+        if not hasattr(source, "load_audio") or not hasattr(source, "duration"):
+            raise TypeError(f"decode_long takes (T, F) features or a lhotse Cut / Recording, got {type(source)}")
+        from lhotse.utils import compute_num_frames
+
+        from asrprec.data.features import fbank_extractor
+
+        self.source = source if source.sampling_rate == SAMPLE_RATE else source.resample(SAMPLE_RATE)
+        self.num_frames = compute_num_frames(source.duration, FEATURE_SHIFT_S, SAMPLE_RATE)
+        self.extractor = fbank_extractor()
+
+    def __call__(self, start: int, end: int) -> torch.Tensor:
+        """(end - start, F) float32 frames."""
+        if self.tensor is not None:
+            return self.tensor[start:end].float()
+        from asrprec.precision import fp32_island
+
+        offset, duration = start * FEATURE_SHIFT_S, (end - start) * FEATURE_SHIFT_S
+        src = self.source
+        if hasattr(src, "truncate"):  # a cut
+            audio = src.truncate(offset=offset, duration=min(duration, src.duration - offset)).load_audio()
+        else:
+            audio = src.load_audio(offset=offset, duration=min(duration, src.duration - offset))
+        with fp32_island():
+            feats = torch.as_tensor(self.extractor.extract(audio, SAMPLE_RATE)).float()
+        if feats.size(0) < end - start:  # the audio ends inside the last frame
+            feats = torch.cat([feats, feats[-1:].expand(end - start - feats.size(0), -1)])
+        return feats[: end - start]
+
+
+@torch.no_grad()
+def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongFormOptions | None = None,
+                search: DecodingOptions | None = None) -> list[WordSpan]:
+    """Decode one recording of any length into its words, timed in the recording.
+
+    Args:
+        model: a transducer and / or CTC model in eval mode (``encode``, the search's head).
+        source: (T, F) float features at 10 ms, or a lhotse ``Cut`` / ``Recording`` (16 kHz, or resampled to it;
+            its audio is read and turned into fbank one chunk at a time).
+        tokenizer: anything with ``id_to_piece(int) -> str`` (:class:`asrprec.tokenizer.Tokenizer`).
+        options: the chunking. search: the decoding method (default greedy search); it must give token times
+            (:func:`_timed_search`).
+    Returns:
+        The recording's :class:`~asrprec.decoding.timestamps.WordSpan` in order (seconds from its start).
+    """
+    options = options or LongFormOptions()
+    search = search or DecodingOptions()
+    feats = _Features(source)
+    chunks = plan_chunks(feats.num_frames, options)
+    device = model_device(model)
+    min_frames = int(getattr(model, "min_input_frames", 1))
+    words: list[WordSpan] = []
+    for i in range(0, len(chunks), options.chunks_per_batch):
+        batch = [c for c in chunks[i: i + options.chunks_per_batch] if c.end - c.start >= min_frames]
+        if not batch:
+            continue
+        x = torch.nn.utils.rnn.pad_sequence([feats(c.start, c.end) for c in batch], batch_first=True).to(device)
+        x_lens = torch.tensor([c.end - c.start for c in batch], dtype=torch.int64, device=device)
+        encoder_out, encoder_out_lens = model.encode(x, x_lens)
+        found = _timed_search(model, encoder_out, encoder_out_lens, search)
+        for c, (tokens, frames, durations), n in zip(batch, found, encoder_out_lens.tolist()):
+            for w in words_from_ids(tokenizer.id_to_piece, tokens, frames, durations, num_frames=n,
+                                    offset=c.start * FEATURE_SHIFT_S):
+                if c.own_start <= w.centre < c.own_end:
+                    words.append(w)
+    return words
+
+
+def decode_long_cuts(model: nn.Module, cuts: Iterable[Any], tokenizer: Any, options: LongFormOptions | None = None,
+                     search: DecodingOptions | None = None) -> Iterator[tuple[Any, list[WordSpan]]]:
+    """``(cut, words)`` for each cut, decoded by :func:`decode_long` from its audio."""
+    for cut in cuts:
+        yield cut, decode_long(model, cut, tokenizer, options, search)

@@ -1,0 +1,145 @@
+"""Long-form decoding: chunk plans, and a recording of known utterances decoded by a model whose output is its input
+(every encoder frame's CTC label is written in the features), so the right words and times are known exactly."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from asrprec.decoding import DecodingOptions
+from asrprec.decoding.longform import LongFormOptions, decode_long, plan_chunks
+
+PIECES = ["<blk>", "\u2581ONE", "\u2581TWO", "\u2581THR", "EE", "\u2581FOUR", "\u2581FI", "VE"]
+WORDS = {"ONE": [1], "TWO": [2], "THREE": [3, 4], "FOUR": [5], "FIVE": [6, 7]}
+CTC = DecodingOptions(method="ctc_greedy_search")
+
+
+class Pieces:
+    def id_to_piece(self, i):
+        return PIECES[i]
+
+
+class EchoCtc(nn.Module):
+    """CTC-only stand-in: encoder frame t is feature frame 4t (4x subsampling); its log-probs favour the one-hot
+    label the feature holds. Records the longest input it was given."""
+
+    use_ctc, use_transducer, blank_id, min_input_frames = True, False, 0, 1
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(1))
+        self.longest = 0
+
+    def encode(self, x, x_lens):
+        self.longest = max(self.longest, x.size(1))
+        return x[:, ::4], (x_lens + 3) // 4
+
+    def ctc_log_probs(self, encoder_out):
+        return (20.0 * encoder_out).log_softmax(-1)
+
+
+def recording(seed, num_utts, seam_words=()):
+    """(T, V) one-hot features of utterances separated by 0.6 s pauses, the true words ``(word, start, end, utt)``
+    and each utterance's (begin, end) in seconds. Everything starts on the 40 ms grid. ``seam_words``: times (s) at
+    which a word must be running (it is placed across them)."""
+    rng = np.random.default_rng(seed)
+    labels, words, utts = [0] * 60, [], []
+    pending = sorted(seam_words)
+    for u in range(num_utts):
+        begin = len(labels)
+        for _ in range(int(rng.integers(3, 8))):
+            if pending and len(labels) * 0.01 > pending[0] - 1.6:  # start a word 80 ms before the seam
+                labels += [0] * (int(round(pending.pop(0) * 100)) - 8 - len(labels))
+            word = list(WORDS)[int(rng.integers(len(WORDS)))]
+            start = len(labels)
+            for piece in WORDS[word]:
+                labels += [piece] * (4 * int(rng.integers(3, 8)))
+            words.append((word, start * 0.01, len(labels) * 0.01, u))
+            labels += [0] * (4 * int(rng.integers(2, 5)))
+        utts.append((begin * 0.01, len(labels) * 0.01))
+        labels += [0] * 60
+    feats = torch.zeros(len(labels), len(PIECES))
+    feats[torch.arange(len(labels)), torch.tensor(labels)] = 1.0
+    return feats, words, utts
+
+
+def test_chunk_plan_tiles_the_recording():
+    opts = LongFormOptions(chunk_seconds=10.0, overlap_seconds=2.0)
+    for T in (0, 3, 999, 1000, 1001, 1803, 5000, 12345):
+        chunks = plan_chunks(T, opts)
+        assert chunks[0].start == 0 and chunks[-1].end == T
+        assert chunks[0].own_start == -np.inf and chunks[-1].own_end == np.inf
+        for a, b in zip(chunks, chunks[1:]):
+            assert b.start % 4 == 0 and a.own_end == b.own_start  # on the encoder grid; owned regions tile
+            assert b.start <= a.end - 200  # at least the overlap is shared
+            assert a.end * 0.01 - a.own_end >= 1.0 - 1e-9 and b.own_start - b.start * 0.01 >= 1.0 - 1e-9
+        assert all(c.end - c.start <= 1003 for c in chunks)
+
+
+def test_words_in_order_inside_their_utterances_across_seams():
+    opts = LongFormOptions(chunk_seconds=10.0, overlap_seconds=2.0, chunks_per_batch=2)
+    # chunks [0, 10), [8, 18), [16, 26) ... every 8 s: owned boundaries at 9, 17, 25, 33 ... s; words across the
+    # start of a chunk (8, 40 s), an owned boundary (17, 33 s) and the end of a chunk (26, 50 s)
+    seams = (8.0, 17.0, 26.0, 33.0, 40.0, 50.0)
+    feats, truth, utts = recording(0, 30, seams)
+    assert feats.size(0) > 100 * 60  # over a minute
+    for s in seams:  # the layout really puts a word across each seam
+        assert any(a < s < b for _, a, b, _ in truth), s
+    model = EchoCtc()
+    got = decode_long(model, feats, Pieces(), opts, CTC)
+    assert model.longest <= 1003
+    assert [w.word for w in got] == [w for w, *_ in truth]  # none duplicated, none dropped, in order
+    for w, (word, start, end, u) in zip(got, truth):
+        assert w.start == pytest.approx(start, abs=1e-6)
+        assert start + 0.04 - 1e-6 <= w.end <= end + 1e-6
+        assert utts[u][0] <= w.start and w.end <= utts[u][1]
+
+
+def test_chunked_equals_one_pass_for_a_context_free_model():
+    feats, truth, _ = recording(1, 12, (5.0, 7.0))
+    whole = decode_long(EchoCtc(), feats, Pieces(), LongFormOptions(chunk_seconds=1000.0, overlap_seconds=0.0), CTC)
+    for chunk, overlap in ((6.0, 1.0), (4.0, 2.0), (3.0, 0.8)):
+        opts = LongFormOptions(chunk_seconds=chunk, overlap_seconds=overlap, chunks_per_batch=3)
+        got = decode_long(EchoCtc(), feats, Pieces(), opts, CTC)
+        assert [(w.word, round(w.start, 6), round(w.end, 6)) for w in got] == [
+            (w.word, round(w.start, 6), round(w.end, 6)) for w in whole], (chunk, overlap)
+    assert len(whole) == len(truth)
+
+
+def test_empty_and_silent_recordings():
+    assert decode_long(EchoCtc(), torch.zeros(0, len(PIECES)), Pieces(), search=CTC) == []
+    silent = torch.zeros(3000, len(PIECES))
+    silent[:, 0] = 1.0
+    assert decode_long(EchoCtc(), silent, Pieces(), LongFormOptions(chunk_seconds=10.0), CTC) == []
+
+
+def test_chunk_features_from_audio_match_the_whole_recording(tmp_path):
+    import soundfile as sf
+    from lhotse import Recording
+
+    from asrprec.data.features import fbank_extractor
+    from asrprec.decoding.longform import _Features
+
+    rng = np.random.default_rng(0)
+    audio = (0.1 * rng.standard_normal(16000 * 7)).astype(np.float32)
+    sf.write(tmp_path / "a.wav", audio, 16000)
+    rec = Recording.from_file(tmp_path / "a.wav")
+    whole = torch.as_tensor(fbank_extractor().extract(rec.load_audio(), 16000))
+    feats = _Features(rec)
+    assert feats.num_frames == whole.size(0) == 700
+    for start, end in ((0, 300), (240, 540), (400, 700)):
+        part = feats(start, end)
+        assert part.shape == (end - start, 80)
+        # away from the chunk's edges (the 25 ms window reaches 1-2 frames over them) the frames are the same
+        assert torch.allclose(part[3:-3], whole[start + 3:end - 3], atol=1e-3)
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="overlap_seconds"):
+        LongFormOptions(chunk_seconds=4.0, overlap_seconds=4.0)
+    with pytest.raises(ValueError, match="chunk_seconds"):
+        LongFormOptions(chunk_seconds=0.0)
+    with pytest.raises(ValueError, match="chunks_per_batch"):
+        LongFormOptions(chunks_per_batch=0)
+    with pytest.raises(TypeError, match="lhotse Cut"):
+        decode_long(EchoCtc(), [1, 2, 3], Pieces())
