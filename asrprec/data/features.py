@@ -108,6 +108,7 @@ def compute_fbank(
                 return stored
         log.info("features in %s do not match the cuts; recomputing", manifest_path)
     Path(storage_path).parent.mkdir(parents=True, exist_ok=True)
+    cuts = _at_feature_rate(cuts)
     start = time.perf_counter()
     own_executor = executor is None and num_jobs > 1
     if own_executor:
@@ -138,6 +139,21 @@ def compute_fbank(
         with_feats.to_file(tmp)
     log.info("computed fbank for %d cuts in %.1f s -> %s", len(with_feats), time.perf_counter() - start, manifest_path)
     return with_feats
+
+
+def _at_feature_rate(cuts: Any) -> Any:
+    """``cuts`` with every cut of another sampling rate resampled to the fbank's 16 kHz (lazily, when its audio is
+    loaded) and the count logged; fbank of 8 kHz audio read as 16 kHz would describe other frequencies."""
+    lhotse = require("lhotse")
+    from .source_formats import SAMPLE_RATE
+
+    other = [c for c in cuts if c.sampling_rate != SAMPLE_RATE]
+    if not other:
+        return cuts
+    rates = sorted({c.sampling_rate for c in other})
+    log.warning("%d of %d cuts are not %d Hz (%s Hz, e.g. %s): resampled to %d Hz for the features", len(other),
+                len(cuts), SAMPLE_RATE, ", ".join(map(str, rates)), other[0].id, SAMPLE_RATE)
+    return lhotse.CutSet.from_cuts(c.resample(SAMPLE_RATE) if c.sampling_rate != SAMPLE_RATE else c for c in cuts)
 
 
 def _audio_file(cut: Any) -> str:
