@@ -187,7 +187,7 @@ def librispeech_manifest_paths(manifest_dir: Path | str, part: str) -> dict[str,
 
 def prepare_librispeech_manifests(
     corpus_dir: Path | str, parts: Sequence[str], manifest_dir: Path | str, *, num_jobs: int = 1,
-    max_bad_lines: int = 0,
+    max_bad_lines: int = 0, max_bad_audio: int = 0,
 ) -> dict[str, dict[str, Path]]:
     """lhotse's ``prepare_librispeech`` for the ``parts`` whose manifests in ``manifest_dir`` are not current: a
     part's manifests are reused when its record (``librispeech_<part>.done.json``) holds the same
@@ -195,7 +195,9 @@ def prepare_librispeech_manifests(
 
     Transcript lines that are not ``<utterance-id> <text>`` (:func:`malformed_transcript_lines`) are named in the
     log and their utterances left out, up to ``max_bad_lines`` in all; a part holding some is read line by line
-    through lhotse's own ``parse_utterance``, which lhotse's recipe would stop on with a bare ValueError.
+    through lhotse's own ``parse_utterance``, which lhotse's recipe would stop on with a bare ValueError. A part whose
+    audio lhotse cannot open (a corrupt FLAC header) is read the same way, and each such file is named and its
+    utterance left out, up to ``max_bad_audio`` per part.
 
     Returns ``{part: {"recordings": path, "supervisions": path}}``. Raises FileNotFoundError naming the folder
     when a part is not on disk, CorpusError for more than ``max_bad_lines`` malformed lines (naming them by file and
@@ -233,12 +235,19 @@ def prepare_librispeech_manifests(
     from lhotse.recipes import prepare_librispeech
 
     clean = [p for p in todo if not bad[p]]
-    manifests = _prepare_atomically(manifest_dir, lambda out: prepare_librispeech(
-        root, dataset_parts=clean, output_dir=out, num_jobs=num_jobs)) if clean else {}
+    manifests: dict[str, Any] = {}
+    if clean:
+        try:
+            manifests = _prepare_atomically(manifest_dir, lambda out: prepare_librispeech(
+                root, dataset_parts=clean, output_dir=out, num_jobs=num_jobs))
+        except Exception as e:  # lhotse stops on the first file it cannot open, without naming it
+            log.warning("lhotse's LibriSpeech recipe stopped (%s: %s); reading %s line by line to name the audio it "
+                        "cannot open", type(e).__name__, str(e)[:200], ", ".join(clean))
     for p in todo:
-        if bad[p]:
+        if p not in manifests:
             skip = {(path, i) for path, i, _ in bad[p]}
-            manifests[p] = _prepare_atomically(manifest_dir, lambda out: _part_manifests(root / p, p, skip, out))
+            manifests[p] = _prepare_atomically(
+                manifest_dir, lambda out: _part_manifests(root / p, p, skip, out, max_bad_audio))
     for p in todo:
         if p not in manifests or len(manifests[p]["recordings"]) == 0:
             raise ValueError(f"LibriSpeech part {p} in {root / p} gave no utterances with audio (each line of a "
@@ -273,22 +282,34 @@ def malformed_transcript_lines(part_dir: Path) -> list[tuple[Path, int, str]]:
     return out
 
 
-def _part_manifests(part_dir: Path, part: str, skip: set[tuple[Path, int]], out: Path) -> dict[str, Any]:
+def _part_manifests(part_dir: Path, part: str, skip: set[tuple[Path, int]], out: Path,
+                    max_bad_audio: int = 0) -> dict[str, Any]:
     """A part's recordings and supervisions as lhotse's recipe makes them (its ``parse_utterance`` on each line,
     lhotse/recipes/librispeech.py), leaving out the lines in ``skip``; written into ``out`` under lhotse's names."""
     from lhotse import RecordingSet, SupervisionSet
     from lhotse.qa import fix_manifests, validate_recordings_and_supervisions
     from lhotse.recipes.librispeech import parse_utterance
 
-    recordings, supervisions = [], []
+    recordings, supervisions, unreadable = [], [], []
     for trans in sorted(part_dir.rglob("*.trans.txt")):
         for i, line in enumerate(trans.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
             if (trans, i) in skip:
                 continue
-            parsed = parse_utterance(part_dir, line, {})
+            try:
+                parsed = parse_utterance(part_dir, line, {})
+            except Exception as e:  # soundfile / audioread on a file that is not audio
+                unreadable.append(f"{trans.parent / line.split()[0]}.flac ({type(e).__name__}: {str(e)[:120]})")
+                continue
             if parsed is not None:
                 recordings.append(parsed[0])
                 supervisions.append(parsed[1])
+    if len(unreadable) > max_bad_audio:
+        shown = "; ".join(unreadable[:10]) + (f"; ... ({len(unreadable)} in all)" if len(unreadable) > 10 else "")
+        raise CorpusError(f"LibriSpeech {part}: {len(unreadable)} audio file(s) cannot be read: {shown}. Fix: "
+                          "re-download the part, or raise --max-bad-audio (now "
+                          f"{max_bad_audio}) to leave those utterances out")
+    for name in unreadable:
+        log.warning("left out %s: its audio could not be read", name)
     recs, sups = fix_manifests(RecordingSet.from_recordings(recordings), SupervisionSet.from_segments(supervisions))
     validate_recordings_and_supervisions(recs, sups)
     paths = librispeech_manifest_paths(out, part)

@@ -75,7 +75,7 @@ def get_parser() -> argparse.ArgumentParser:
                    help="stage 1: transcript lines that are not '<utterance-id> <text>' are named and their "
                         "utterances left out, up to this many in all; more stop the stage")
     p.add_argument("--max-bad-audio", type=int, default=100,
-                   help="stages 3 and 4: audio files that cannot be read are named and their cuts left out, up to "
+                   help="stages 1, 3 and 4: audio files that cannot be read are named and their cuts left out, up to "
                         "this many per part; more stop the stage")
     return p
 
@@ -88,7 +88,8 @@ def stage_download(args, data: PreparedData) -> None:
 
 def stage_manifests(args, data: PreparedData) -> None:
     prepare_librispeech_manifests(args.corpus_dir, librispeech_parts(args.subset), data.manifest_dir,
-                                  num_jobs=args.num_jobs, max_bad_lines=args.max_bad_lines)
+                                  num_jobs=args.num_jobs, max_bad_lines=args.max_bad_lines,
+                                  max_bad_audio=args.max_bad_audio)
     if args.musan:
         prepare_musan_manifests(args.corpus_dir, data.manifest_dir)
 

@@ -239,3 +239,33 @@ def test_transcript_lines_that_are_not_utf8_are_named_by_file_and_line(tmp_path)
 def test_musan_window_flags_out_of_order_give_one_line_naming_both(tmp_path, window_s, min_s):
     with pytest.raises(CorpusError, match=r"0 < --musan-min-s < --musan-window-s, got --musan-min-s .* fix: "):
         musan_noise_cuts(tmp_path, window_s=window_s, min_s=min_s)
+
+
+def _tone_part(root: Path, n: int = 3) -> list[Path]:
+    import numpy as np
+    import soundfile as sf
+
+    chapter = root / "LibriSpeech" / "dev-clean" / "19" / "198"
+    chapter.mkdir(parents=True)
+    flacs = []
+    for i in range(n):
+        flac = chapter / f"19-198-{i:04d}.flac"
+        sf.write(str(flac), 0.1 * np.sin(np.arange(16000) * (i + 1) / 10).astype(np.float32), 16000)
+        flacs.append(flac)
+    (chapter / "19-198.trans.txt").write_text("".join(f"19-198-{i:04d} WORD {i}\n" for i in range(n)))
+    return flacs
+
+
+def test_audio_stage_1_cannot_open_is_named_and_left_out_under_max_bad_audio(tmp_path, caplog):
+    import lhotse
+
+    flacs = _tone_part(tmp_path)
+    flacs[1].write_bytes(b"this is not a FLAC file" * 10)
+    with pytest.raises(CorpusError, match=rf"dev-clean: 1 audio file\(s\) cannot be read: {flacs[1]} .*"
+                                          r"raise --max-bad-audio \(now 0\)"):
+        prepare_librispeech_manifests(tmp_path, ["dev-clean"], tmp_path / "m0")
+    with caplog.at_level(logging.WARNING):
+        paths = prepare_librispeech_manifests(tmp_path, ["dev-clean"], tmp_path / "m1", max_bad_audio=1)
+    assert f"left out {flacs[1]}" in caplog.text
+    assert sorted(r.id for r in lhotse.RecordingSet.from_file(paths["dev-clean"]["recordings"])) == [
+        "19-198-0000", "19-198-0002"]
