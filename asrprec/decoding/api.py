@@ -12,18 +12,12 @@ from torch import nn
 
 from asrprec.config import strict_from_dict
 
-from .batched_beam import malsd_beam_search
-from .beam_search import modified_beam_search
-from .ctc import ctc_greedy_search, ctc_prefix_beam_search
 from .fusion import BatchFusion
-from .greedy import greedy_search
-from .tdt import is_tdt, tdt_greedy_search, tdt_modified_beam_search
+from .hypothesis import DecodingResult
+from .label_looping import GREEDY_METHODS
+from .methods import CTC_METHODS, METHODS, TABLE, check_method, select_search
 
-__all__ = ["CTC_METHODS", "METHODS", "DecodingOptions", "check_method", "decode", "decode_encoder_out"]
-
-#: methods that read the CTC head (``model.ctc_log_probs``); every other method reads the transducer
-CTC_METHODS = ("ctc_greedy_search", "ctc_prefix_beam_search")
-METHODS = ("greedy_search", "modified_beam_search", "malsd_batch") + CTC_METHODS
+__all__ = ["CTC_METHODS", "METHODS", "DecodingOptions", "Searcher", "check_method", "decode", "decode_encoder_out"]
 
 
 @dataclass(frozen=True)
@@ -32,17 +26,21 @@ class DecodingOptions:
 
     method: ``"greedy_search"``, ``"modified_beam_search"`` or ``"malsd_batch"`` (transducer, RNN-T or TDT; the last
         is the batched ALSD beam search of :mod:`asrprec.decoding.batched_beam`), ``"ctc_greedy_search"`` or
-        ``"ctc_prefix_beam_search"`` (CTC head).
+        ``"ctc_prefix_beam_search"`` (CTC head); :mod:`asrprec.decoding.methods` maps each to its search.
     beam: hypotheses per utterance for the beam searches (icefall's ``--beam-size``, default 4).
     max_sym_per_frame: symbols per frame for ``greedy_search`` (icefall's default 1), and for both searches of a
         TDT model (NeMo's ``max_symbols``; see :mod:`asrprec.decoding.tdt`).
     length_norm: final choice of ``modified_beam_search`` by length-normalised score (icefall) or raw score.
+    greedy_method: ``greedy_search`` by frame looping (:func:`asrprec.decoding.greedy_search`) or by label looping
+        (:class:`asrprec.decoding.LabelLoopingGreedy`, which a :class:`Searcher` keeps across batches); the same
+        decisions.
     """
 
     method: str = "greedy_search"
     beam: int = 4
     max_sym_per_frame: int = 1
     length_norm: bool = True
+    greedy_method: str = "frame_looping"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -51,6 +49,8 @@ class DecodingOptions:
             raise ValueError(f"beam must be >= 1, got {self.beam}")
         if self.max_sym_per_frame < 1:
             raise ValueError(f"max_sym_per_frame must be >= 1, got {self.max_sym_per_frame}")
+        if self.greedy_method not in GREEDY_METHODS:
+            raise ValueError(f"greedy_method must be one of {', '.join(GREEDY_METHODS)}, got {self.greedy_method!r}")
 
     @classmethod
     def from_dict(cls, d: dict) -> "DecodingOptions":
@@ -58,56 +58,52 @@ class DecodingOptions:
         return strict_from_dict(cls, d)
 
 
-def check_method(model: nn.Module, method: str) -> None:
-    """Refuse a method the model has no head for: a transducer method on a CTC-only model, a CTC method on a model
-    without a CTC head (ValueError naming the methods it has)."""
-    if method in CTC_METHODS and not getattr(model, "use_ctc", False):
-        raise ValueError(f"{method} decodes a CTC head and this model has none (it was trained without --use-ctc); "
-                         "decode it with greedy_search or modified_beam_search")
-    if method not in CTC_METHODS and not getattr(model, "use_transducer", True):
-        raise ValueError(f"{method} decodes a transducer and this model is CTC-only (trained with --use-transducer "
-                         f"false); decode it with {' or '.join(CTC_METHODS)}")
+class Searcher:
+    """The search of ``options.method`` for ``model``, looked up once in the table of :mod:`asrprec.decoding.methods`
+    and kept for many batches (label looping keeps its buffers and CUDA graphs).
+
+    Call it as ``searcher(encoder_out (B, T', D_enc), encoder_out_lens (B,), fusion=None)``: B token-id lists in the
+    input order, or with ``return_timestamps=True`` B :class:`~asrprec.decoding.DecodingResult` (tokens, the encoder
+    frame of each, a TDT model's durations, a beam search's score). ``fusion``: LM / LODR / phrase bonuses
+    (:mod:`asrprec.decoding.fusion`), taken by every method but ``ctc_greedy_search`` (a ValueError there).
+
+    Raises ValueError for a method the model cannot run, naming those it can (:func:`check_method`).
+    """
+
+    def __init__(self, model: nn.Module, options: DecodingOptions | None = None):
+        self.options = options or DecodingOptions()
+        self.entry = select_search(model, self.options.method)
+        self._search = self.entry.make(model, self.options)
+
+    @torch.no_grad()
+    def __call__(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, fusion: BatchFusion | None = None,
+                 *, return_timestamps: bool = False) -> list[list[int]] | list[DecodingResult]:
+        if fusion is not None and not self.entry.fusion:  # the methods of the same head that take it
+            others = [m for m in METHODS if getattr(TABLE.get((m, self.entry.head, False)), "fusion", False)]
+            raise ValueError(f"{self.entry.method} takes no language model or hot phrases; fix: decode with "
+                             f"{' or '.join(others)}")
+        results = self._search(encoder_out, encoder_out_lens, fusion)
+        return results if return_timestamps else [list(r.tokens) for r in results]
 
 
 def decode_encoder_out(
     model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, options: DecodingOptions,
-    fusion: BatchFusion | None = None,
-) -> list[list[int]]:
-    """Run the decoding method named in ``options`` on (B, T', D_enc) ``encoder_out`` with (B,) ``encoder_out_lens``;
-    B token-id lists in the input order. CTC methods read ``model.ctc_log_probs(encoder_out)``; a method the model
-    has no head for raises ValueError (:func:`check_method`). ``fusion``: LM / LODR / phrase bonuses
+    fusion: BatchFusion | None = None, *, return_timestamps: bool = False,
+) -> list[list[int]] | list[DecodingResult]:
+    """Run the decoding method named in ``options`` on (B, T', D_enc) ``encoder_out`` with (B,) ``encoder_out_lens``.
+
+    Returns B token-id lists in the input order, or with ``return_timestamps`` B
+    :class:`~asrprec.decoding.DecodingResult` (:class:`Searcher`). CTC methods read ``model.ctc_log_probs(encoder_out)``;
+    a method the model has no head for raises ValueError (:func:`check_method`). ``fusion``: LM / LODR / phrase bonuses
     (:mod:`asrprec.decoding.fusion`), taken by every method but ``ctc_greedy_search`` (a ValueError there)."""
-    check_method(model, options.method)
-    if options.method in CTC_METHODS:
-        log_probs = model.ctc_log_probs(encoder_out)
-        if options.method == "ctc_greedy_search":
-            if fusion is not None:
-                raise ValueError("ctc_greedy_search takes no language model or hot phrases; fix: decode with "
-                                 "ctc_prefix_beam_search")
-            return ctc_greedy_search(log_probs, encoder_out_lens, blank_id=model.blank_id)
-        return ctc_prefix_beam_search(log_probs, encoder_out_lens, options.beam, blank_id=model.blank_id,
-                                      fusion=fusion)
-    if options.method == "malsd_batch":  # RNN-T and TDT alike
-        return malsd_beam_search(model, encoder_out, encoder_out_lens, options.beam, options.max_sym_per_frame,
-                                 length_norm=options.length_norm, fusion=fusion)
-    if is_tdt(model):  # a joiner with a duration head: the searches that jump by the predicted durations
-        if options.method == "greedy_search":
-            return tdt_greedy_search(model, encoder_out, encoder_out_lens, options.max_sym_per_frame, fusion=fusion)
-        return tdt_modified_beam_search(model, encoder_out, encoder_out_lens, options.beam, options.max_sym_per_frame,
-                                        length_norm=options.length_norm, fusion=fusion)
-    if options.method == "greedy_search":
-        return greedy_search(model, encoder_out, encoder_out_lens, max_sym_per_frame=options.max_sym_per_frame,
-                             fusion=fusion)
-    return modified_beam_search(
-        model, encoder_out, encoder_out_lens, beam=options.beam, length_norm=options.length_norm, fusion=fusion
-    )
+    return Searcher(model, options)(encoder_out, encoder_out_lens, fusion, return_timestamps=return_timestamps)
 
 
 @torch.no_grad()
 def decode(
     model: nn.Module, features: torch.Tensor, feature_lens: torch.Tensor, options: DecodingOptions | None = None,
-    fusion: BatchFusion | None = None,
-) -> list[list[int]]:
+    fusion: BatchFusion | None = None, *, return_timestamps: bool = False,
+) -> list[list[int]] | list[DecodingResult]:
     """Encode features and decode them.
 
     Args:
@@ -115,9 +111,11 @@ def decode(
         features: (B, T, F) float features. feature_lens: (B,) integer valid frames.
         options: the method and its knobs (default: greedy search, one symbol per frame).
         fusion: LM / LODR / phrase bonuses for this batch (:meth:`asrprec.decoding.fusion.Fusion.for_batch`).
+        return_timestamps: return :class:`~asrprec.decoding.DecodingResult` (tokens with encoder frames).
     Returns:
-        B token-id lists in the input order.
+        B token-id lists in the input order, or B :class:`~asrprec.decoding.DecodingResult`.
     """
     options = options or DecodingOptions()
     encoder_out, encoder_out_lens = model.encode(features, feature_lens)
-    return decode_encoder_out(model, encoder_out, encoder_out_lens, options, fusion)
+    return decode_encoder_out(model, encoder_out, encoder_out_lens, options, fusion,
+                              return_timestamps=return_timestamps)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import log_softmax_fp32, sort_and_project
+from ._common import check_inputs, log_softmax_fp32, sort_and_project
 from .fusion import BatchFusion
 from .hypothesis import DecodingResult, Hypothesis, HypothesisList
 
@@ -134,3 +134,44 @@ def beam_search_step(model: nn.Module, enc_t: torch.Tensor, beams: list[Hypothes
                 new.add(Hypothesis(src.tokens + (tok,), score, src.timestamps + (frames[i],), state))
         out.append(new)
     return out
+
+
+class StreamingModifiedBeamSearch:
+    """Modified beam search fed encoder output a chunk at a time; :meth:`best` gives the partial (or, after the
+    last chunk, final) result. Frame by frame it runs the same step as
+    :func:`asrprec.decoding.modified_beam_search`, on the streams that have a frame left in the chunk; token
+    timestamps count frames from the start of each stream."""
+
+    def __init__(self, model: nn.Module, batch_size: int, beam: int = 4, length_norm: bool = True):
+        if not isinstance(beam, int) or beam < 1:
+            raise ValueError(f"beam must be an integer >= 1, got {beam!r}")
+        self.model, self.beam, self.length_norm = model, beam, length_norm
+        self.beams = [HypothesisList([Hypothesis()]) for _ in range(batch_size)]
+        self.frames = [0] * batch_size  # frames consumed per stream
+
+    @torch.no_grad()
+    def accept(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> None:
+        """Consume the next chunk: encoder_out (B, T', D_enc), encoder_out_lens (B,) valid frames of it."""
+        check_inputs(encoder_out, encoder_out_lens)
+        if encoder_out.shape[0] != len(self.beams):
+            raise ValueError(f"this search has {len(self.beams)} streams, got a chunk of {encoder_out.shape[0]}")
+        enc = self.model.project_encoder(encoder_out)  # (B, T', J)
+        lens = encoder_out_lens.tolist()
+        for t in range(encoder_out.shape[1]):
+            rows = [r for r, n in enumerate(lens) if n > t]
+            if not rows:
+                break
+            new = beam_search_step(self.model, enc[rows, t], [self.beams[r] for r in rows],
+                                   [self.frames[r] + t for r in rows], self.beam)
+            for r, b in zip(rows, new):
+                self.beams[r] = b
+        self.frames = [f + n for f, n in zip(self.frames, lens)]
+
+    def best(self) -> list[list[int]]:
+        """The best token sequence of each stream so far (length-normalised score unless ``length_norm=False``)."""
+        return [list(r.tokens) for r in self.results()]
+
+    def results(self) -> list[DecodingResult]:
+        """The best hypothesis of each stream so far with its frames and score."""
+        c = self.model.context_size
+        return [b.get_most_probable(length_norm=self.length_norm, context_size=c).result() for b in self.beams]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import model_device, sort_and_project
+from ._common import check_inputs, model_device, sort_and_project
 from .fusion import BatchFusion, fused_greedy_tokens
 from .hypothesis import DecodingResult, results_of
 
@@ -85,3 +85,57 @@ def greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens:
     if return_timestamps:
         return batch.unsort(hyps), batch.unsort(stamps)
     return batch.unsort(hyps)
+
+
+class StreamingGreedySearch:
+    """Greedy search fed encoder output a chunk at a time; :attr:`hyps` is the partial result after each chunk,
+    :attr:`timestamps` the frame of each token counted from the start of its stream (:meth:`results`).
+
+    Same decisions as :func:`asrprec.decoding.greedy_search` over the concatenated chunks (greedy search only
+    looks at the current frame and the emitted tokens), written per frame without the length sort, so a test
+    can check one against the other.
+    """
+
+    def __init__(self, model: nn.Module, batch_size: int, max_sym_per_frame: int = 1):
+        if not isinstance(max_sym_per_frame, int) or max_sym_per_frame < 1:
+            raise ValueError(f"max_sym_per_frame must be an integer >= 1, got {max_sym_per_frame!r}")
+        self.model = model
+        self.max_sym_per_frame = max_sym_per_frame
+        self.blank = model.blank_id
+        self.device = model_device(model)
+        self.hyps: list[list[int]] = [[] for _ in range(batch_size)]
+        self.timestamps: list[list[int]] = [[] for _ in range(batch_size)]
+        self.frames = [0] * batch_size  # frames consumed per stream
+        self.contexts = torch.full((batch_size, model.context_size), self.blank, dtype=torch.int64,
+                                   device=self.device)
+        self.dec = model.project_decoder(self.contexts) if batch_size else None  # (B, J)
+
+    @torch.no_grad()
+    def accept(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> None:
+        """Consume the next chunk: encoder_out (B, T', D_enc), encoder_out_lens (B,) valid frames of it
+        (0 for a stream that has ended)."""
+        check_inputs(encoder_out, encoder_out_lens)
+        if encoder_out.shape[0] != len(self.hyps):
+            raise ValueError(f"this search has {len(self.hyps)} streams, got a chunk of {encoder_out.shape[0]}")
+        enc = self.model.project_encoder(encoder_out)  # (B, T', J)
+        lens = encoder_out_lens.to(self.device)
+        for t in range(encoder_out.shape[1]):
+            rows = torch.nonzero(lens > t).squeeze(1)
+            for _ in range(self.max_sym_per_frame):
+                if rows.numel() == 0:
+                    break
+                tokens = self.model.join_projected(enc[rows, t], self.dec[rows]).argmax(dim=-1)
+                emitted = tokens != self.blank
+                rows, tokens = rows[emitted], tokens[emitted]
+                if rows.numel() == 0:
+                    break
+                for r, k in zip(rows.tolist(), tokens.tolist()):
+                    self.hyps[r].append(k)
+                    self.timestamps[r].append(self.frames[r] + t)
+                self.contexts[rows] = torch.cat([self.contexts[rows, 1:], tokens[:, None]], dim=1)
+                self.dec[rows] = self.model.project_decoder(self.contexts[rows])
+        self.frames = [f + n for f, n in zip(self.frames, lens.tolist())]
+
+    def results(self) -> list[DecodingResult]:
+        """Each stream's tokens so far with their frames."""
+        return results_of(self.hyps, self.timestamps)

@@ -1,5 +1,6 @@
-"""Streaming decoding: a causal Zipformer encodes chunk by chunk with its caches, and greedy search or modified
-beam search carries its hypotheses from one chunk to the next.
+"""Streaming decoding: a causal Zipformer encodes chunk by chunk with its caches, and a chunk search (greedy or
+modified beam search, TDT greedy, CTC; each beside its whole-utterance twin) carries its hypotheses from one chunk to
+the next.
 
 icefall decodes streaming models with ``egs/librispeech/ASR/zipformer/streaming_decode.py`` (a pool of streams,
 each with its own encoder and decoder state); this module does the same work for a batch of utterances that
@@ -17,106 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import check_inputs, model_device
-from .api import CTC_METHODS, DecodingOptions, check_method
-from .beam_search import beam_search_step
-from .ctc import StreamingCtcGreedySearch, StreamingCtcPrefixBeamSearch
-from .hypothesis import DecodingResult, Hypothesis, HypothesisList, results_of
+from .api import DecodingOptions
+from .beam_search import StreamingModifiedBeamSearch
+from .greedy import StreamingGreedySearch
+from .hypothesis import DecodingResult
+from .methods import select_search
 
-
-class StreamingGreedySearch:
-    """Greedy search fed encoder output a chunk at a time; :attr:`hyps` is the partial result after each chunk,
-    :attr:`timestamps` the frame of each token counted from the start of its stream (:meth:`results`).
-
-    Same decisions as :func:`asrprec.decoding.greedy_search` over the concatenated chunks (greedy search only
-    looks at the current frame and the emitted tokens), written per frame without the length sort, so a test
-    can check one against the other.
-    """
-
-    def __init__(self, model: nn.Module, batch_size: int, max_sym_per_frame: int = 1):
-        if not isinstance(max_sym_per_frame, int) or max_sym_per_frame < 1:
-            raise ValueError(f"max_sym_per_frame must be an integer >= 1, got {max_sym_per_frame!r}")
-        self.model = model
-        self.max_sym_per_frame = max_sym_per_frame
-        self.blank = model.blank_id
-        self.device = model_device(model)
-        self.hyps: list[list[int]] = [[] for _ in range(batch_size)]
-        self.timestamps: list[list[int]] = [[] for _ in range(batch_size)]
-        self.frames = [0] * batch_size  # frames consumed per stream
-        self.contexts = torch.full((batch_size, model.context_size), self.blank, dtype=torch.int64,
-                                   device=self.device)
-        self.dec = model.project_decoder(self.contexts) if batch_size else None  # (B, J)
-
-    @torch.no_grad()
-    def accept(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> None:
-        """Consume the next chunk: encoder_out (B, T', D_enc), encoder_out_lens (B,) valid frames of it
-        (0 for a stream that has ended)."""
-        check_inputs(encoder_out, encoder_out_lens)
-        if encoder_out.shape[0] != len(self.hyps):
-            raise ValueError(f"this search has {len(self.hyps)} streams, got a chunk of {encoder_out.shape[0]}")
-        enc = self.model.project_encoder(encoder_out)  # (B, T', J)
-        lens = encoder_out_lens.to(self.device)
-        for t in range(encoder_out.shape[1]):
-            rows = torch.nonzero(lens > t).squeeze(1)
-            for _ in range(self.max_sym_per_frame):
-                if rows.numel() == 0:
-                    break
-                tokens = self.model.join_projected(enc[rows, t], self.dec[rows]).argmax(dim=-1)
-                emitted = tokens != self.blank
-                rows, tokens = rows[emitted], tokens[emitted]
-                if rows.numel() == 0:
-                    break
-                for r, k in zip(rows.tolist(), tokens.tolist()):
-                    self.hyps[r].append(k)
-                    self.timestamps[r].append(self.frames[r] + t)
-                self.contexts[rows] = torch.cat([self.contexts[rows, 1:], tokens[:, None]], dim=1)
-                self.dec[rows] = self.model.project_decoder(self.contexts[rows])
-        self.frames = [f + n for f, n in zip(self.frames, lens.tolist())]
-
-    def results(self) -> list[DecodingResult]:
-        """Each stream's tokens so far with their frames."""
-        return results_of(self.hyps, self.timestamps)
-
-
-class StreamingModifiedBeamSearch:
-    """Modified beam search fed encoder output a chunk at a time; :meth:`best` gives the partial (or, after the
-    last chunk, final) result. Frame by frame it runs the same step as
-    :func:`asrprec.decoding.modified_beam_search`, on the streams that have a frame left in the chunk; token
-    timestamps count frames from the start of each stream."""
-
-    def __init__(self, model: nn.Module, batch_size: int, beam: int = 4, length_norm: bool = True):
-        if not isinstance(beam, int) or beam < 1:
-            raise ValueError(f"beam must be an integer >= 1, got {beam!r}")
-        self.model, self.beam, self.length_norm = model, beam, length_norm
-        self.beams = [HypothesisList([Hypothesis()]) for _ in range(batch_size)]
-        self.frames = [0] * batch_size  # frames consumed per stream
-
-    @torch.no_grad()
-    def accept(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor) -> None:
-        """Consume the next chunk: encoder_out (B, T', D_enc), encoder_out_lens (B,) valid frames of it."""
-        check_inputs(encoder_out, encoder_out_lens)
-        if encoder_out.shape[0] != len(self.beams):
-            raise ValueError(f"this search has {len(self.beams)} streams, got a chunk of {encoder_out.shape[0]}")
-        enc = self.model.project_encoder(encoder_out)  # (B, T', J)
-        lens = encoder_out_lens.tolist()
-        for t in range(encoder_out.shape[1]):
-            rows = [r for r, n in enumerate(lens) if n > t]
-            if not rows:
-                break
-            new = beam_search_step(self.model, enc[rows, t], [self.beams[r] for r in rows],
-                                   [self.frames[r] + t for r in rows], self.beam)
-            for r, b in zip(rows, new):
-                self.beams[r] = b
-        self.frames = [f + n for f, n in zip(self.frames, lens)]
-
-    def best(self) -> list[list[int]]:
-        """The best token sequence of each stream so far (length-normalised score unless ``length_norm=False``)."""
-        return [list(r.tokens) for r in self.results()]
-
-    def results(self) -> list[DecodingResult]:
-        """The best hypothesis of each stream so far with its frames and score."""
-        c = self.model.context_size
-        return [b.get_most_probable(length_norm=self.length_norm, context_size=c).result() for b in self.beams]
+__all__ = ["StreamingGreedySearch", "StreamingModifiedBeamSearch", "streaming_decode", "streaming_encode"]
 
 
 @torch.no_grad()
@@ -192,40 +100,18 @@ def streaming_decode(
     chunk_size: int,
     left_context_frames: int,
     whole_chunks_only: bool = False,
-) -> list[list[int]]:
-    """Decode a batch as live streams: :func:`streaming_encode` (``whole_chunks_only`` as there), with the search
-    named in ``options`` (:class:`StreamingGreedySearch` or :class:`StreamingModifiedBeamSearch`; default greedy
-    search; for the CTC methods :class:`asrprec.decoding.StreamingCtcGreedySearch` or
-    :class:`asrprec.decoding.StreamingCtcPrefixBeamSearch` on each chunk's ``model.ctc_log_probs``) advancing after
-    every chunk. Returns B token-id lists in the input order."""
+    *,
+    return_timestamps: bool = False,
+) -> list[list[int]] | list[DecodingResult]:
+    """Decode a batch as live streams: :func:`streaming_encode` (``whole_chunks_only`` as there), with the chunk search
+    that the table of :mod:`asrprec.decoding.methods` gives for the method named in ``options`` (default greedy
+    search) advancing after every chunk. Returns B token-id lists in the input order, or with ``return_timestamps``
+    B :class:`~asrprec.decoding.DecodingResult` (frames counted from each stream's start). A method without a
+    chunk-by-chunk form raises ValueError naming those the model has."""
     options = options or DecodingOptions()
-    b = features.shape[0]
-    check_method(model, options.method)
-    if options.method == "malsd_batch":
-        raise ValueError("malsd_batch decodes whole utterances; fix: stream with modified_beam_search, or decode "
-                         "without --streaming")
-    if options.method in CTC_METHODS:
-        if options.method == "ctc_greedy_search":
-            ctc = StreamingCtcGreedySearch(b, model.blank_id)
-        else:
-            ctc = StreamingCtcPrefixBeamSearch(b, options.beam, model.blank_id, device=features.device)
-        streaming_encode(model, features, feature_lens, chunk_size, left_context_frames,
-                         on_chunk=lambda out, lens: ctc.accept(model.ctc_log_probs(out), lens),
-                         whole_chunks_only=whole_chunks_only)
-        return ctc.hyps if options.method == "ctc_greedy_search" else ctc.best()
-    if options.method == "greedy_search":
-        from .tdt import StreamingTdtGreedySearch, is_tdt
-
-        greedy = StreamingTdtGreedySearch if is_tdt(model) else StreamingGreedySearch
-        search = greedy(model, b, options.max_sym_per_frame)
-        streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=search.accept,
-                         whole_chunks_only=whole_chunks_only)
-        return search.hyps
-    if getattr(getattr(model, "joiner", None), "durations", ()):
-        raise ValueError("chunk-by-chunk modified_beam_search is not implemented for TDT models; decode a TDT model "
-                         "with --streaming using greedy_search, or use modified_beam_search without --streaming "
-                         "(simulated streaming)")
-    beam = StreamingModifiedBeamSearch(model, b, options.beam, options.length_norm)
-    streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=beam.accept,
+    search = select_search(model, options.method, streaming=True).make(model, options, features.shape[0],
+                                                                       features.device)
+    streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=search.accept,
                      whole_chunks_only=whole_chunks_only)
-    return beam.best()
+    results = search.results()
+    return results if return_timestamps else [list(r.tokens) for r in results]
