@@ -384,7 +384,8 @@ def load_corpus(out_dir: Path | str) -> dict:
         path = manifest_paths(out_dir, split)["cuts"]
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing; generate the corpus first with asrprec.data.generate_corpus({str(out_dir)!r})")
-        out[split] = lhotse.CutSet.from_file(path).to_eager()
+        cuts = lhotse.CutSet.from_file(path)
+        out[split] = lhotse.CutSet.from_cuts([]) if cuts is None else cuts.to_eager()  # None: an empty split
     return out
 
 

@@ -17,7 +17,6 @@ Legend: T feature frames (10 ms), F feature bins, T' encoder frames (40 ms), B c
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -27,8 +26,8 @@ from torch import nn
 from asrprec.config import option
 
 from ._common import model_device
-from .api import DecodingOptions, check_method
-from .timestamps import FEATURE_SHIFT_S, SUBSAMPLING_FACTOR, WordSpan, ctc_token_runs, words_from_ids
+from .api import DecodingOptions, Searcher
+from .timestamps import FEATURE_SHIFT_S, SUBSAMPLING_FACTOR, WordSpan, words_from_ids
 
 __all__ = ["Chunk", "LongFormOptions", "decode_long", "decode_long_cuts", "plan_chunks"]
 
@@ -87,32 +86,6 @@ def plan_chunks(num_frames: int, options: LongFormOptions) -> list[Chunk]:
     return [Chunk(s, e, lo, hi) for (s, e), (lo, hi) in zip(spans, owns)]
 
 
-def _timed_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
-                  search: DecodingOptions) -> list[tuple[Sequence[int], Sequence[int], Sequence[int] | None]]:
-    """B ``(tokens, frames, durations)``: by ``decode_encoder_out(..., return_timestamps=True)`` where the decoding
-    API gives times for every method; otherwise greedy search (RNN-T) and CTC greedy search, the two that have them."""
-    from . import api
-
-    if "return_timestamps" in inspect.signature(api.decode_encoder_out).parameters:
-        results = api.decode_encoder_out(model, encoder_out, encoder_out_lens, search, return_timestamps=True)
-        return [(r.tokens, r.frames, r.durations) for r in results]
-    check_method(model, search.method)
-    lens = encoder_out_lens.tolist()
-    if search.method == "ctc_greedy_search":
-        best = model.ctc_log_probs(encoder_out).argmax(dim=-1).cpu()  # (B, T')
-        return [ctc_token_runs(best[b, : lens[b]].tolist(), model.blank_id) for b in range(len(lens))]
-    from .tdt import is_tdt
-
-    if search.method == "greedy_search" and not is_tdt(model):
-        from .greedy import greedy_search
-
-        tokens, frames = greedy_search(model, encoder_out, encoder_out_lens, search.max_sym_per_frame,
-                                       return_timestamps=True)
-        return [(t, f, None) for t, f in zip(tokens, frames)]
-    raise ValueError(f"word times from {search.method} need the decoding API's return_timestamps; "
-                     "fix: decode long recordings with greedy_search (RNN-T) or ctc_greedy_search")
-
-
 class _Features:
     """Feature frames of a (T, F) tensor or, read chunk by chunk from its audio, of a lhotse cut or recording."""
 
@@ -162,8 +135,8 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
         source: (T, F) float features at 10 ms, or a lhotse ``Cut`` / ``Recording`` (16 kHz, or resampled to it;
             its audio is read and turned into fbank one chunk at a time).
         tokenizer: anything with ``id_to_piece(int) -> str`` (:class:`asrprec.tokenizer.Tokenizer`).
-        options: the chunking. search: the decoding method (default greedy search); it must give token times
-            (:func:`_timed_search`).
+        options: the chunking. search: the decoding method (default greedy search), any method the model has a
+            head for (:class:`~asrprec.decoding.api.Searcher`).
     Returns:
         The recording's :class:`~asrprec.decoding.timestamps.WordSpan` in order (seconds from its start).
     """
@@ -172,6 +145,7 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
     feats = _Features(source)
     chunks = plan_chunks(feats.num_frames, options)
     device = model_device(model)
+    searcher = Searcher(model, search)  # refuses a method the model has no head for, before any audio is read
     min_frames = int(getattr(model, "min_input_frames", 1))
     words: list[WordSpan] = []
     for i in range(0, len(chunks), options.chunks_per_batch):
@@ -181,9 +155,9 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
         x = torch.nn.utils.rnn.pad_sequence([feats(c.start, c.end) for c in batch], batch_first=True).to(device)
         x_lens = torch.tensor([c.end - c.start for c in batch], dtype=torch.int64, device=device)
         encoder_out, encoder_out_lens = model.encode(x, x_lens)
-        found = _timed_search(model, encoder_out, encoder_out_lens, search)
-        for c, (tokens, frames, durations), n in zip(batch, found, encoder_out_lens.tolist()):
-            for w in words_from_ids(tokenizer.id_to_piece, tokens, frames, durations, num_frames=n,
+        found = searcher(encoder_out, encoder_out_lens, return_timestamps=True)
+        for c, r, n in zip(batch, found, encoder_out_lens.tolist()):
+            for w in words_from_ids(tokenizer.id_to_piece, r.tokens, r.frames, r.durations, num_frames=n,
                                     offset=c.start * FEATURE_SHIFT_S):
                 if c.own_start <= w.centre < c.own_end:
                     words.append(w)

@@ -14,8 +14,13 @@ Rules (:func:`word_spans`), on sentencepiece pieces:
   (``<blk>``, ``<s>``, ``</s>``, ``<pad>``, a bare ``▁``) have zero duration and neither start nor extend a
   word's span; they still join its text;
 * a word ends at the end of its last timed piece: that piece's frame + 1 (RNN-T, CTC spikes), or + its duration in
-  frames (TDT's predicted duration, or a CTC run's length from :func:`ctc_token_runs`; at least 1), then capped at the
-  next word's start and at the utterance's last frame. A word made only of zero-duration pieces lasts 0 s.
+  frames (TDT's predicted duration, or a CTC run's length from :func:`ctc_token_runs`; at least 1);
+* without durations, that end moves on to the next word's start (or the utterance's end), by at most
+  :data:`EXTEND_FRAMES` (400 ms, about one spoken word), since a transducer or CTC emits a word's token once, near
+  its start: on the embedded recipe's Zipformer (greedy search) ends taken at the last token's frame + 1 fell 260 ms
+  early on average, and 50 ms off with the extension (``benchmarks/timestamps.py``). The cap keeps a pause out;
+* every end is capped at the next word's start and at the utterance's last frame. A word made only of
+  zero-duration pieces lasts 0 s.
 
 Punctuation gets no duration because a TDT model emits it with a long duration (the frames it skips to the next
 word): a port of NeMo's TDT timestamps saw word ends drift by up to 560 ms until it did so (NVIDIA/NeMo
@@ -33,11 +38,12 @@ from typing import Callable, Iterable, Sequence
 from asrprec.atomic import atomic_write_text
 
 __all__ = ["FEATURE_SHIFT_S", "FRAME_SHIFT_S", "SUBSAMPLING_FACTOR", "WORD_START", "WordSpan", "ctc_token_runs",
-           "ctm_path", "format_ctm", "is_zero_duration", "word_spans", "words_from_ids", "write_ctm"]
+           "EXTEND_FRAMES", "ctm_path", "format_ctm", "is_zero_duration", "word_spans", "words_from_ids", "write_ctm"]
 
 FEATURE_SHIFT_S = 0.01  # fbank frame shift
 SUBSAMPLING_FACTOR = 4  # Conformer: Conv2dSubsampling 4x; Zipformer: front-end 2x, output downsampling 2x
 FRAME_SHIFT_S = FEATURE_SHIFT_S * SUBSAMPLING_FACTOR  # one encoder frame: 40 ms
+EXTEND_FRAMES = 10  # how far a word's end may move towards the next word's start without durations (400 ms)
 WORD_START = "\u2581"  # sentencepiece's "▁"
 
 _SPECIALS = frozenset({"<blk>", "<s>", "</s>", "<pad>", "<sos/eos>", "<eps>", WORD_START})
@@ -77,7 +83,7 @@ def _piece_text(piece: str) -> str:
 
 def word_spans(pieces: Sequence[str], frames: Sequence[int], durations: Sequence[int] | None = None, *,
                num_frames: int | None = None, frame_shift: float = FRAME_SHIFT_S,
-               offset: float = 0.0) -> list[WordSpan]:
+               offset: float = 0.0, extend_frames: int | None = None) -> list[WordSpan]:
     """Word spans of one hypothesis (rules in the module docstring).
 
     Args:
@@ -86,6 +92,8 @@ def word_spans(pieces: Sequence[str], frames: Sequence[int], durations: Sequence
         durations: (U,) frames each piece lasts (TDT durations, CTC run lengths), or None: one frame each.
         num_frames: the utterance's encoder frames; spans end no later than ``num_frames * frame_shift``.
         frame_shift: seconds per encoder frame. offset: seconds added to every time (a chunk's start).
+        extend_frames: at most how many frames a word's end moves towards the next word's start; None:
+            :data:`EXTEND_FRAMES` without ``durations``, 0 with them.
     Returns:
         One :class:`WordSpan` per word, in order; ``[]`` for an empty hypothesis or one of only blank-like pieces.
     Raises:
@@ -101,6 +109,8 @@ def word_spans(pieces: Sequence[str], frames: Sequence[int], durations: Sequence
     if durations is not None and any(int(d) < 0 for d in durations):
         raise ValueError(f"durations must be >= 0, got {list(durations)}")
     limit = math.inf if num_frames is None else int(num_frames)
+    if extend_frames is None:
+        extend_frames = EXTEND_FRAMES if durations is None else 0
 
     # group pieces into words: [text, first timed frame or None, end frame of last timed piece, first frame]
     words: list[list] = []
@@ -119,9 +129,11 @@ def word_spans(pieces: Sequence[str], frames: Sequence[int], durations: Sequence
     for k, (text, start, end, first) in enumerate(words):
         if not text:  # only blank-like pieces (a bare "▁" at the very end)
             continue
+        nxt = next((w[1] if w[1] is not None else w[3] for w in words[k + 1:] if w[0]), math.inf)
         if start is None:  # only zero-duration pieces: an instant at the first piece
             start = end = first
-        nxt = next((w[1] if w[1] is not None else w[3] for w in words[k + 1:] if w[0]), math.inf)
+        elif extend_frames:
+            end = max(end, min(nxt, end + extend_frames, limit))
         end = max(start, min(end, nxt, limit))
         start = min(start, end)
         out.append(WordSpan(text, offset + start * frame_shift, offset + end * frame_shift))

@@ -4,15 +4,16 @@ import pytest
 import torch
 
 from asrprec.decoding.timestamps import (
-    FRAME_SHIFT_S, WordSpan, ctc_token_runs, ctm_path, format_ctm, is_zero_duration, word_spans, words_from_ids,
+    EXTEND_FRAMES, FRAME_SHIFT_S, WordSpan, ctc_token_runs, ctm_path, format_ctm, is_zero_duration, word_spans, words_from_ids,
     write_ctm,
 )
 
 F = FRAME_SHIFT_S
 
 
-def spans(words):
-    return [(w.word, round(w.start, 6), round(w.end, 6)) for w in words]
+def assert_spans(words, expected):
+    assert [w.word for w in words] == [e[0] for e in expected]
+    assert [t for w in words for t in (w.start, w.end)] == pytest.approx([t for e in expected for t in e[1:]])
 
 
 def test_frame_shift_is_40_ms_for_both_encoders():
@@ -28,41 +29,51 @@ def test_frame_shift_is_40_ms_for_both_encoders():
 
 
 def test_bpe_word_starts_and_ends():
-    # frames: THE@2, SM@5 ALL@7, DOG@12: each word ends one frame after its last piece
-    out = word_spans(["\u2581THE", "\u2581SM", "ALL", "\u2581DOG"], [2, 5, 7, 12], num_frames=20)
-    assert spans(out) == [("THE", 2 * F, 3 * F), ("SMALL", 5 * F, 8 * F), ("DOG", 12 * F, 13 * F)]
+    # frames: THE@2, SM@5 ALL@7, DOG@12: each word ends one frame after its last piece ...
+    pieces, frames = ["\u2581THE", "\u2581SM", "ALL", "\u2581DOG"], [2, 5, 7, 12]
+    out = word_spans(pieces, frames, num_frames=20, extend_frames=0)
+    assert_spans(out, [("THE", 2 * F, 3 * F), ("SMALL", 5 * F, 8 * F), ("DOG", 12 * F, 13 * F)])
+    # ... then, without durations, moves on to the next word's start or the utterance's end (here within 10 frames)
+    assert EXTEND_FRAMES == 10
+    out = word_spans(pieces, frames, num_frames=20)
+    assert_spans(out, [("THE", 2 * F, 5 * F), ("SMALL", 5 * F, 12 * F), ("DOG", 12 * F, 20 * F)])
+    # by at most 10 frames: a pause stays out
+    out = word_spans(["\u2581A", "\u2581B"], [0, 30], num_frames=45)
+    assert_spans(out, [("A", 0.0, 11 * F), ("B", 30 * F, 41 * F)])
 
 
 def test_first_piece_without_word_start_still_starts_a_word_and_offset_shifts():
-    out = word_spans(["ING", "\u2581A"], [0, 1], offset=10.0)
-    assert spans(out) == [("ING", 10.0, round(10.0 + F, 6)), ("A", round(10.0 + F, 6), round(10.0 + 2 * F, 6))]
+    out = word_spans(["ING", "\u2581A"], [0, 1], offset=10.0, num_frames=5)
+    assert_spans(out, [("ING", 10.0, round(10.0 + F, 6)), ("A", round(10.0 + F, 6), round(10.0 + 5 * F, 6))])
 
 
 def test_tdt_durations_extend_the_end_capped_at_the_next_word_and_the_utterance():
     # ONE@0 lasts 4 frames but TWO starts at 2; TWO@2 lasts 3 but the utterance has 4 frames
     out = word_spans(["\u2581ONE", "\u2581TWO"], [0, 2], [4, 3], num_frames=4)
-    assert spans(out) == [("ONE", 0.0, 2 * F), ("TWO", 2 * F, 4 * F)]
+    assert_spans(out, [("ONE", 0.0, 2 * F), ("TWO", 2 * F, 4 * F)])
     # a duration of 0 (the next piece on the same frame) counts as one frame; the word's last piece decides its end
     out = word_spans(["\u2581B", "OX", "\u2581NOW"], [3, 3, 9], [0, 2, 1])
-    assert spans(out) == [("BOX", 3 * F, 5 * F), ("NOW", 9 * F, 10 * F)]
+    assert_spans(out, [("BOX", 3 * F, 5 * F), ("NOW", 9 * F, 10 * F)])
 
 
 def test_punctuation_gets_zero_duration():
     # a TDT model emits "." with a long duration: it must not drag WORLD's end (nor HELLO's ",")
     pieces, frames, durs = ["\u2581HELLO", ",", "\u2581WORLD", "."], [1, 4, 6, 9], [2, 10, 2, 30]
     out = word_spans(pieces, frames, durs, num_frames=50)
-    assert spans(out) == [("HELLO,", 1 * F, 3 * F), ("WORLD.", 6 * F, 8 * F)]
+    assert_spans(out, [("HELLO,", 1 * F, 3 * F), ("WORLD.", 6 * F, 8 * F)])
     # a word of punctuation alone is an instant at its frame
     out = word_spans(["\u2581HI", "\u2581?"], [0, 5], [1, 7])
-    assert spans(out) == [("HI", 0.0, F), ("?", 5 * F, 5 * F)]
+    assert_spans(out, [("HI", 0.0, F), ("?", 5 * F, 5 * F)])
+    out = word_spans(["\u2581HI", "\u2581?"], [0, 5], num_frames=30)  # no durations: HI reaches "?", which stays 0 s
+    assert_spans(out, [("HI", 0.0, 5 * F), ("?", 5 * F, 5 * F)])
     assert is_zero_duration(".") and is_zero_duration("\u2581,") and is_zero_duration("<blk>")
     assert is_zero_duration("\u2581") and not is_zero_duration("\u2581A") and not is_zero_duration("<unk>")
 
 
 def test_blank_like_pieces_neither_start_nor_extend_a_word():
     # a bare "▁" at frame 2 starts the word, whose first timed piece (CAT) comes at 4
-    out = word_spans(["\u2581", "CAT", "<blk>"], [2, 4, 9])
-    assert spans(out) == [("CAT", 4 * F, 5 * F)]
+    out = word_spans(["\u2581", "CAT", "<blk>"], [2, 4, 9], num_frames=8)
+    assert_spans(out, [("CAT", 4 * F, 8 * F)])  # to the utterance's end (no durations)
     assert word_spans(["\u2581"], [3]) == []
 
 
@@ -73,7 +84,7 @@ def test_ctc_repeats_and_blanks():
     table = {5: "\u2581CA", 6: "T", 7: "\u2581DOG"}
     out = words_from_ids(table.__getitem__, *ctc_token_runs(labels), num_frames=len(labels))
     # CAT: from CA's first frame to one past T; the blank between repeats splits DOG DOG
-    assert spans(out) == [("CAT", 1 * F, 5 * F), ("DOG", 7 * F, 10 * F), ("DOG", 11 * F, 12 * F)]
+    assert_spans(out, [("CAT", 1 * F, 5 * F), ("DOG", 7 * F, 10 * F), ("DOG", 11 * F, 12 * F)])
     assert ctc_token_runs([0, 0, 0]) == ([], [], [])
     assert ctc_token_runs([3, 3, 3], blank_id=0) == ([3], [0], [3])
 
