@@ -216,6 +216,9 @@ class StreamingCtcPrefixBeamSearch:
                   & self.alive[:, :, None] & self.alive[:, None, :])  # (B, K, J): slot j extends slot k
         hits = parent[:, :, None, :] & (top_tok[:, None, :, None] == self.last[:, None, None, :])  # (B, K, M, J)
         merged = torch.where(hits, ext[..., None], NEG_INF).logsumexp(dim=(1, 2))  # (B, J)
+        # a slot's last token takes this frame as its time when the alignments starting it here outweigh those that
+        # started it earlier (a sequence first reached on a frame of little probability moves to its spike)
+        retime = merged > torch.logaddexp(stay_pb, stay_pnb)
         stay_pnb = torch.logaddexp(stay_pnb, merged)
         ext = ext.masked_fill(hits.any(dim=3), NEG_INF)
 
@@ -242,6 +245,9 @@ class StreamingCtcPrefixBeamSearch:
             at = length.clamp(max=width - 1)[..., None]
             tokens.scatter_(2, at, torch.where(is_ext, tok, tokens.gather(2, at)[..., 0])[..., None])
             stamps.scatter_(2, at, torch.where(is_ext, frame[:, None], stamps.gather(2, at)[..., 0])[..., None])
+            re = ~is_ext & retime.gather(1, k) & (length > 0)
+            last_at = (length - 1).clamp(min=0)[..., None]
+            stamps.scatter_(2, last_at, torch.where(re, frame[:, None], stamps.gather(2, last_at)[..., 0])[..., None])
         new = {
             "pb": torch.where(is_ext, NEG_INF, stay_pb.gather(1, k)),
             "pnb": torch.where(is_ext, scores, stay_pnb.gather(1, k)),
@@ -285,8 +291,8 @@ class StreamingCtcPrefixBeamSearch:
         return [list(h.get_most_probable().tokens) if len(h) else [] for h in self.hypotheses()]
 
     def results(self) -> list[DecodingResult]:
-        """The most probable label sequence of each stream so far, with the frame where the sequence gained each
-        token (the first frame of its spike on that sequence's best-kept alignment) and its score."""
+        """The most probable label sequence of each stream so far, with each token's frame (see
+        :func:`ctc_prefix_beam_search`) and its score."""
         return [h.get_most_probable().result() if len(h) else DecodingResult((), (), None, None)
                 for h in self.hypotheses()]
 
@@ -319,7 +325,8 @@ def ctc_prefix_beam_search(
         beam: label sequences kept per utterance, and tokens considered per frame (>= 1).
         blank_id: the blank's id.
         return_hypotheses: return each utterance's :class:`HypothesisList` (token timestamps: the frame where the
-            sequence first gained the token) instead of the best tokens.
+            sequence gained the token, moved to a later frame where more probability started it: the first frame of
+            its spike) instead of the best tokens.
         fusion: LM / phrase bonuses added when a sequence gains a token (:class:`StreamingCtcPrefixBeamSearch`).
         return_results: return B :class:`~asrprec.decoding.DecodingResult` (:meth:`StreamingCtcPrefixBeamSearch.results`).
     Returns:

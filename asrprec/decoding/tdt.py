@@ -221,7 +221,7 @@ class TdtHypothesis:
         tokens: emitted token ids (no blank, no start context). log_prob: log-probability over the alignments merged
         into it (fp32 log-softmax values summed in float64). timestamps: the frame of each token. frame: the frame
         it is to be expanded at. sym: tokens it emitted on ``frame`` so far. durations: each token's duration (of its
-        chosen (token, duration) pair; merged duplicates keep the first record's, as ``timestamps``).
+        chosen (token, duration) pair). Merged duplicates keep the frames and durations of the more probable.
     """
 
     tokens: tuple[int, ...] = ()
@@ -243,11 +243,14 @@ class TdtHypothesis:
 
 
 def _merge(pool: dict[tuple[int, ...], TdtHypothesis], hyp: TdtHypothesis) -> None:
-    """Add ``hyp`` to the hypotheses waiting on one frame: the same label sequence merges by log-add."""
+    """Add ``hyp`` to the hypotheses waiting on one frame: the same label sequence merges by log-add, with the token
+    frames and durations of the more probable of the two (they may come from different frames)."""
     old = pool.get(hyp.tokens)
     if old is None:
         pool[hyp.tokens] = hyp
     else:
+        if hyp.log_prob > old.log_prob:
+            old.timestamps, old.durations = hyp.timestamps, hyp.durations
         old.log_prob = log_add(old.log_prob, hyp.log_prob)
 
 
