@@ -145,3 +145,34 @@ def test_every_combination_is_either_in_the_table_or_refused():
             assert not in_table
         else:
             assert in_table and (entry.method, entry.head, entry.streaming) == (method, head, streaming)
+
+
+def test_decode_dataset_hands_over_each_batchs_results(kit):
+    """``on_results`` receives every batch's DecodingResults, equal to a Searcher's on the same batch; label looping
+    chosen by ``greedy_method`` (one instance over the loader) recognises what frame looping does."""
+    from asrprec.decoding import decode_dataset
+
+    class Words:
+        def decode(self, ids):
+            return " ".join(f"w{k}" for k in ids)
+
+    model = kit.make_model(2, blank_bias=-1.0)
+    loader = []
+    for seed, lens in ((0, [5, 9, 2]), (1, [7, 0, 3])):
+        feats, feat_lens = kit.make_batch(seed, lens)
+        loader.append({"features": feats, "feature_lens": feat_lens, "texts": ["x"] * len(lens),
+                       "cut_ids": [f"{seed}-{i}" for i in range(len(lens))]})
+    for method in ("greedy_search", "malsd_batch"):
+        seen = {}
+        options = DecodingOptions(method=method, beam=2, max_sym_per_frame=2)
+        got, _ = decode_dataset(model, loader, Words(), options, on_results=lambda ids, rs: seen.update(zip(ids, rs)))
+        want = {}
+        for b in loader:
+            want.update(zip(b["cut_ids"], Searcher(model, options)(*model.encode(b["features"], b["feature_lens"]),
+                                                                   return_timestamps=True)))
+        assert seen == want and sum(len(r.tokens) for r in seen.values()) > 5
+        assert [hyp for _, _, hyp in got] == [Words().decode(seen[c].tokens).split() for c, _, _ in got]
+    looping, _ = decode_dataset(model, loader, Words(), DecodingOptions(max_sym_per_frame=2,
+                                                                        greedy_method="label_looping"))
+    framing, _ = decode_dataset(model, loader, Words(), DecodingOptions(max_sym_per_frame=2))
+    assert looping == framing
