@@ -22,16 +22,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-from asrprec import checkpoint as ckpt
-from asrprec.devices import get_rank, is_main_process
+from asrprec.devices import get_rank
 from asrprec.errors import ResumableStop
 
-from .distributed import barrier, flags_by_rank
-from asrprec.experiment import append_history
+from .distributed import flags_by_rank
 
 log = logging.getLogger(__name__)
 
@@ -126,23 +123,14 @@ def preempted_ranks(watch: PreemptionWatch | None) -> list[int]:
     return flags_by_rank(watch is not None and watch.requested)[0]
 
 
-def stop_for_preemption(watch: PreemptionWatch, ranks: list[int], *, exp_dir: str | Path, epoch: int,
-                        batch_idx_train: int, batches_done: int, keep_last_k: int, save: Callable[[str], Any],
-                        path: Path | None = None) -> None:
-    """Write the checkpoint of this batch (``path`` if already written, e.g. the epoch's), record a ``preempted``
-    event and raise :class:`TrainingPreempted`. Collective: every rank calls this at the same point."""
-    t0 = time.time()
-    if path is None:
-        path = ckpt.batch_checkpoint_path(exp_dir, batch_idx_train)
-        save(path.name)
-        if is_main_process():
-            ckpt.keep_last_k(exp_dir, ckpt.BATCH_PATTERN, keep_last_k)
-    where = f"epoch {epoch}, {batches_done} batches into it, training batch {batch_idx_train}"
-    if is_main_process():
-        append_history(exp_dir, {"event": "preempted", "signal": watch.describe(), "ranks": ranks, "epoch": epoch,
-                                 "batch_idx_train": batch_idx_train, "checkpoint": Path(path).name,
-                                 "save_seconds": round(time.time() - t0, 3)})
-    barrier()  # the checkpoint is on disk before any rank exits
-    raise TrainingPreempted(
+def preempted(watch: PreemptionWatch, ranks: list[int], where: str, path: Path) -> TrainingPreempted:
+    """The error that stops the run at ``where`` once ``ranks`` received a signal; ``path``: the checkpoint saved."""
+    return TrainingPreempted(
         f"preempted: rank(s) {ranks} received a stop signal (rank {get_rank()}: {watch.describe()}); stopped at "
         f"{where} and saved {path}. Continue with the same command and --resume auto (or --resume latest)", Path(path))
+
+
+def preempted_event(watch: PreemptionWatch, ranks: list[int], epoch: int, batch_idx_train: int) -> dict[str, Any]:
+    """The ``preempted`` record of ``history.json``."""
+    return {"event": "preempted", "signal": watch.describe(), "ranks": ranks, "epoch": epoch,
+            "batch_idx_train": batch_idx_train}

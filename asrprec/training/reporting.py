@@ -98,10 +98,12 @@ def write_precision(writer: SummaryWriterOrNull, desc: dict[str, Any], dtypes: d
     writer.add_text("precision", "\n".join(f"{k}: {v}" for k, v in {**desc, **dtypes}.items()), 0)
 
 
-def log_step(info: dict[str, float], *, epoch: int, batch_idx_train: int, optimizer, scaler,
-             policy: PrecisionPolicy, writer: SummaryWriterOrNull, window: dict[str, float]) -> None:
-    """One step's log line and scalars. ``window``: the frames trained since the last log line and its time
-    (reset here). Every rank calls this at the same steps."""
+def log_step(run: Any, info: dict[str, float]) -> None:
+    """One step's log line and scalars. ``run``: the :class:`~asrprec.training.run.Run` (its state, optimizer,
+    scaler, policy, writer, and ``window``: the frames trained since the last log line and its time, reset here;
+    typed loosely since the run is built on this module). Every rank calls this at the same steps."""
+    epoch, batch_idx_train, window = run.state.epoch, run.state.batch_idx_train, run.window
+    optimizer, scaler, writer = run.optimizer, run.scaler, run.writer
     info = summed_over_ranks(info)  # the global batch's loss
     window["frames"] = sum_over_ranks(window["frames"])[0]
     now = time.time()
@@ -122,7 +124,7 @@ def log_step(info: dict[str, float], *, epoch: int, batch_idx_train: int, optimi
     writer.add_scalar("train/grad_scale", scaler.get_scale(), step)
     writer.add_scalar("train/grad_norm", info["grad_norm"], step)
     writer.add_scalar("train/frames_per_second", fps, step)
-    writer.add_scalar("train/peak_memory_mb", peak_memory_mb(policy.device), step)
+    writer.add_scalar("train/peak_memory_mb", peak_memory_mb(run.policy.device), step)
 
 
 def log_valid(value: float, when: str) -> None:

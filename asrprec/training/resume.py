@@ -40,7 +40,7 @@ from asrprec.rng import get_rng_state
 
 from .config import TrainConfig
 from .distributed import gather_objects, sum_over_ranks, summed_counts
-from asrprec.experiment import read_history
+from asrprec.experiment import Experiment
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,8 @@ class TrainState:
     best_valid_epoch: int = -1
     history: list[dict[str, Any]] = field(default_factory=list)
     progress: EpochProgress | None = None  # the position in the current epoch
+    # schedule batches per optimizer step (schedule_batches_per_step): a setting of the run, not recorded
+    per_step: float = 1.0
 
 
 def set_epoch(loader: Any, epoch: int) -> None:
@@ -204,21 +206,23 @@ def _rank_rng(saved: dict[str, Any], extra: dict[str, Any], path: Path) -> dict 
     return saved.get("rng")
 
 
-def restore(path: Path, *, model, optimizer, scheduler, scaler, averager, policy, state: TrainState,
-            cfg: TrainConfig, per_step: float) -> tuple[dict | None, dict[str, Any]]:
-    """Load ``path`` into the training objects and ``state``; return (its random-generator states, a record of
-    the resume for the history). The generators are not restored here: the loop sets them when its iterator is
-    positioned (module docstring). ``per_step``: the schedules' batches per step, for a checkpoint that records
-    no adjusted batch count.
+def restore(path: Path, objects: ckpt.TrainingObjects, state: TrainState, *, policy,
+            cfg: TrainConfig) -> tuple[dict | None, dict[str, Any]]:
+    """Load ``path`` into the training ``objects`` (``model_avg``: the run's running average, if it keeps one) and
+    ``state``; return (its random-generator states, a record of the resume for the history). The generators are not
+    restored here: the loop sets them when its iterator is positioned (module docstring). A checkpoint that records
+    no adjusted batch count gets ``state.per_step`` per batch.
 
     Raises:
         CheckpointReadError / CheckpointMismatchError: an unreadable checkpoint, one of another model or
             optimizer, or a mid-epoch one that records no position within its epoch.
     """
     saved = ckpt.read_checkpoint(path, allow_nonfinite=cfg.allow_nonfinite)
-    info = ckpt.load_checkpoint(path, ckpt.TrainingObjects(model=unwrap_model(model), optimizer=optimizer,
-                                                           scheduler=scheduler, scaler=scaler),
-                                policy=policy, options=ckpt.LoadOptions(restore_rng=False), checkpoint=saved)
+    averager = objects.model_avg
+    loaded = ckpt.TrainingObjects(model=unwrap_model(objects.model), optimizer=objects.optimizer,
+                                  scheduler=objects.scheduler, scaler=objects.scaler)
+    info = ckpt.load_checkpoint(path, loaded, policy=policy, options=ckpt.LoadOptions(restore_rng=False),
+                                checkpoint=saved)
     saved_policy = (info.get("policy") or {}).get("policy")
     if saved_policy is not None and saved_policy != policy.name:
         log.warning("%s was saved under precision %s and training continues under %s: the weights are cast to the "
@@ -235,10 +239,10 @@ def restore(path: Path, *, model, optimizer, scheduler, scaler, averager, policy
                         "--use-averaged-model can only average epochs trained from now on", path)
     extra = info.get("extra", {})
     state.batch_idx_train = int(extra.get("batch_idx_train", 0))
-    state.adjusted_batch_count = float(extra.get("adjusted_batch_count", state.batch_idx_train * per_step))
+    state.adjusted_batch_count = float(extra.get("adjusted_batch_count", state.batch_idx_train * state.per_step))
     state.best_valid_loss = float(extra.get("best_valid_loss", math.inf))
     state.best_valid_epoch = int(extra.get("best_valid_epoch", -1))
-    state.history = _resumed_history(list(extra.get("history") or []), cfg.exp_dir)
+    state.history = _resumed_history(list(extra.get("history") or []), Experiment(cfg.exp_dir))
     epoch = int(extra.get("epoch", max(cfg.start_epoch - 1, 1)))
     progress = extra.get("progress")
     if progress is None:  # no recorded position: only an end-of-epoch checkpoint can be resumed exactly
@@ -268,11 +272,11 @@ def restore(path: Path, *, model, optimizer, scheduler, scaler, averager, policy
     return rng, record
 
 
-def _resumed_history(history: list[dict[str, Any]], exp_dir: str) -> list[dict[str, Any]]:
+def _resumed_history(history: list[dict[str, Any]], experiment: Experiment) -> list[dict[str, Any]]:
     """The checkpoint's epoch records, with validation losses the folder recorded after the checkpoint was
     written (an epoch's checkpoint precedes its validation)."""
     try:
-        recorded = {e.get("epoch"): e for e in read_history(exp_dir) if e.get("event") == "epoch"}
+        recorded = {e.get("epoch"): e for e in experiment.history() if e.get("event") == "epoch"}
     except (OSError, ValueError):
         recorded = {}
     out = []

@@ -4,21 +4,18 @@
 A batch is skipped when its loader raised, when no cut of it could be read, or when its loss is not finite
 (under DDP such a step is skipped on every rank). More than ``max_skipped_fraction`` of an epoch's batches, an
 epoch without a single trained batch, or a loader that keeps failing stops the run with
-:class:`TooManySkippedBatches` after a checkpoint.
+:class:`TooManySkippedBatches` after a checkpoint (:meth:`asrprec.training.run.Run.stop`).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from asrprec import checkpoint as ckpt
-from asrprec.devices import is_main_process
 from asrprec.errors import AsrprecError
 
-from .distributed import barrier, gather_objects, summed_counts
-from asrprec.experiment import append_history
+from .distributed import gather_objects, summed_counts
 from .resume import EpochProgress
 
 log = logging.getLogger(__name__)
@@ -86,38 +83,31 @@ def skip_budget_exceeded(progress: EpochProgress, max_skipped_fraction: float, *
     return None
 
 
-def stop_if_too_many_skipped(progress: EpochProgress, *, max_skipped_fraction: float, exp_dir: str | Path,
-                             batch_idx_train: int, save: Callable[[str], Any], end_of_epoch: bool) -> None:
-    """Save a checkpoint, record why in the history and raise :class:`TooManySkippedBatches` when the skip budget
-    is exceeded (:func:`skip_budget_exceeded`). Collective: every rank calls this at the same point."""
-    why = skip_budget_exceeded(progress, max_skipped_fraction, end_of_epoch=end_of_epoch)
-    if why is None:
-        return
-    name = ckpt.batch_checkpoint_path(exp_dir, batch_idx_train).name
-    save(name)
-    if is_main_process():
-        append_history(exp_dir, {"event": "stopped", "epoch": progress.epoch, "batch_idx_train": batch_idx_train,
-                                 "reason": why, "skipped_examples": progress.skipped_examples})
-    barrier()  # the checkpoint is on disk before any rank exits (torchrun then ends the others)
-    raise TooManySkippedBatches(
+def too_many_skipped(progress: EpochProgress, why: str, path: Path) -> TooManySkippedBatches:
+    """The error that stops the run when :func:`skip_budget_exceeded` gave ``why``; ``path``: the checkpoint saved."""
+    return TooManySkippedBatches(
         f"{why}. Skipped batches, e.g.: {', '.join(progress.skipped_examples[:5])} (the log names every cut). "
-        f"Saved {Path(exp_dir) / name}. Fix: for unreadable data, check the files (--validate-data full finds "
+        f"Saved {path}. Fix: for unreadable data, check the files (--validate-data full finds "
         "them) and fix or leave them out; for non-finite losses, check those cuts (empty or very long "
         "transcripts, corrupt features) or lower --base-lr; then continue with --resume latest (raise "
         "--max-skipped-fraction to accept more skipped batches)")
 
 
-def stop_if_loader_broken(failures_in_a_row: int, error: BaseException | None, *, exp_dir: str | Path,
-                          batch_idx_train: int, save: Callable[[str], Any]) -> None:
-    """Save a checkpoint and raise :class:`TooManySkippedBatches` once the loader failed
-    :data:`MAX_LOADER_FAILURES_IN_A_ROW` times in a row. Collective: every rank calls this at the same point."""
+def stopped_event(progress: EpochProgress, why: str, batch_idx_train: int) -> dict[str, Any]:
+    """The ``stopped`` record of ``history.json`` for :func:`too_many_skipped`."""
+    return {"event": "stopped", "epoch": progress.epoch, "batch_idx_train": batch_idx_train, "reason": why,
+            "skipped_examples": progress.skipped_examples}
+
+
+def loader_broken(failures_in_a_row: int, error: BaseException | None, path: Path) -> TooManySkippedBatches | None:
+    """The error that stops the run once the loader failed :data:`MAX_LOADER_FAILURES_IN_A_ROW` times in a row
+    (None before); ``path``: the checkpoint saved."""
     if failures_in_a_row < MAX_LOADER_FAILURES_IN_A_ROW:
-        return
-    path = ckpt.batch_checkpoint_path(exp_dir, batch_idx_train)
-    save(path.name)
-    barrier()  # on disk before any rank exits (torchrun then ends the others)
+        return None
     last = f"{type(error).__name__}: {str(error)[:300]}" if error is not None else "on another rank, see its log"
-    raise TooManySkippedBatches(
+    stop = TooManySkippedBatches(
         f"the training data loader failed {failures_in_a_row} times in a row (last: {last}); it is broken rather "
         f"than serving a few bad batches. Saved {path}. Fix the loader or the data, then continue with --resume "
-        "latest") from error
+        "latest")
+    stop.__cause__ = error
+    return stop

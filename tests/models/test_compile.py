@@ -259,24 +259,26 @@ def test_a_function_past_the_recompile_limit_is_named_in_the_epoch_log(caplog):
     # names it. Distinct graphs of different functions (graph breaks) are not a recompile and do not warn.
     import torch._dynamo.config as dynamo_config
 
-    from asrprec.training import loop
+    from asrprec.training.hooks import CompileReport
 
     def shaped(x):
         return x * 2
 
     torch._dynamo.reset()
     f = torch.compile(shaped, backend="eager", dynamic=False)
-    before = loop._compile_marks()
+    report, stats = CompileReport(), {}
+    report.epoch_started(1)
     for n in range(1, dynamo_config.recompile_limit):
         f(torch.ones(n))
     with caplog.at_level("INFO"):
-        assert loop._log_compiled_graphs(1, before) == dynamo_config.recompile_limit - 1
+        report.epoch_ended(1, stats)
+    assert stats["compiled_graphs"] == dynamo_config.recompile_limit - 1
     assert "recompile_limit" not in caplog.text
-    before = loop._compile_marks()
+    report.epoch_started(2)
     for n in range(dynamo_config.recompile_limit, dynamo_config.recompile_limit + 3):
         f(torch.ones(n))
     with caplog.at_level("INFO"):
-        loop._log_compiled_graphs(2, before)
+        report.epoch_ended(2, {})
     warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "epoch 2" in r.getMessage()]
     assert len(warning) == 1, warning
     assert "'shaped'" in warning[0] and "test_compile.py" in warning[0] and "TORCH_LOGS=recompiles" in warning[0]

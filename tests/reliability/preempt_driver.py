@@ -43,9 +43,9 @@ def _instrument(events_w: int, acks_r: int) -> None:
         os.write(events_w, (what + "\n").encode())
         os.read(acks_r, 1)  # a signal arriving here runs its handler, then the read goes on (PEP 475)
 
-    def step(*a, state, **kw):
-        report(f"step {state.batch_idx_train}")
-        return real_step(*a, state=state, **kw)
+    def step(run, *a, **kw):
+        report(f"step {run.state.batch_idx_train}")
+        return real_step(run, *a, **kw)
 
     def save(obj, f, *a, **kw):
         if not (isinstance(obj, dict) and "extra" in obj and hasattr(f, "write")):
