@@ -11,6 +11,10 @@ Final choice: like icefall (``get_most_probable(length_norm=True)``), the best h
 ``log_prob / (context_size + len(tokens))`` — its ``ys`` counts the context prefix. Length normalisation
 counters the per-token cost that makes raw scores prefer short outputs; ``length_norm=False`` picks by raw
 ``log_prob`` (the maximum-probability label sequence among the survivors).
+
+Token times: candidates enter the next beam best first and a duplicate keeps the record already there, so a merged
+hypothesis carries the frames of its most probable candidate on that step. :class:`StreamingModifiedBeamSearch` runs
+the same step on encoder output that arrives a chunk at a time.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ encoder output is projected once, and the decoder is re-run only for rows that e
 icefall's batched version, which is limited to one symbol per frame (its per-utterance ``greedy_search`` handles
 ``max_sym_per_frame > 1``), this one handles any ``max_sym_per_frame`` in the batch: on each frame it loops
 while some row keeps emitting, shrinking the set of rows to those that emitted.
+
+:class:`StreamingGreedySearch` makes the same decisions on encoder output that arrives a chunk at a time.
 """
 
 from __future__ import annotations
