@@ -113,8 +113,10 @@ def measure(model, tokenizer, cuts, method: str, beam: int, batch_size: int) -> 
             errors += boundary_errors(items, words)
             hyp_words += len(words)
             ref_words += len(items)
-    e = np.abs(np.array(errors)) * 1000
-    signed = np.array(errors) * 1000
+    signed = np.array(errors, dtype=np.float64).reshape(-1, 2) * 1000
+    e = np.abs(signed)
+    if not len(e):  # no word recognised: no boundary to measure
+        e = signed = np.full((1, 2), np.nan)
     return {"method": method, "ref_words": ref_words, "matched": len(errors),
             "start_mean_ms": float(e[:, 0].mean()), "start_p90_ms": float(np.percentile(e[:, 0], 90)),
             "end_mean_ms": float(e[:, 1].mean()), "end_p90_ms": float(np.percentile(e[:, 1], 90)),
