@@ -178,3 +178,22 @@ def test_builder_defaults_are_the_recommended_setup():
         assert isinstance(model.encoder, ZipformerEncoder) and model.loss_config.loss == "pruned"
         with pytest.raises(ValueError, match="did you mean 'prune_range'"):
             build_transducer(vocab_size=20, loss={"loss": "pruned", "prune_rang": 4})
+
+
+def test_decoding_interface_is_the_join_of_encoder_and_decoder_outputs():
+    """project_encoder / project_decoder / join_projected (what the searches call) against the joint of the unprojected
+    outputs (Transducer.join), written out as the joiner's formula; and the attributes the searches read."""
+    model = tiny_model(vocab=5).eval()
+    enc, _ = model.encode(torch.randn(2, 3, 8), torch.tensor([3, 3]))  # (2, 3, 12)
+    ctx = torch.tensor([[0, 0], [0, 3], [4, 2]])
+    dec = model.predict(ctx)[:, 0]  # (3, 16)
+    j = model.joiner
+    by_hand = j.output_linear(torch.tanh(enc[:, :, None] @ j.encoder_proj.weight.T + j.encoder_proj.bias
+                                         + (dec @ j.decoder_proj.weight.T + j.decoder_proj.bias)[None, None]))
+    got = model.join_projected(model.project_encoder(enc)[:, :, None], model.project_decoder(ctx)[None, None])
+    torch.testing.assert_close(got, by_hand)  # (2, 3, 3, 5)
+    torch.testing.assert_close(got, model.join(enc[:, :, None], dec[None, None]))
+    assert model.project_encoder(enc.double()).dtype == torch.float32  # any float dtype in, the joiner's out
+    assert (model.blank_id, model.vocab_size, model.context_size, model.durations) == (0, 5, 2, ())
+    model.decoder = Decoder(5, 16, blank_id=3, context_size=1)  # the attributes follow the parts
+    assert (model.blank_id, model.context_size) == (3, 1)
