@@ -17,8 +17,9 @@ Legend: T feature frames (10 ms), F feature bins, T' encoder frames (40 ms), B c
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -165,7 +166,22 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
 
 
 def decode_long_cuts(model: nn.Module, cuts: Iterable[Any], tokenizer: Any, options: LongFormOptions | None = None,
-                     search: DecodingOptions | None = None) -> Iterator[tuple[Any, list[WordSpan]]]:
-    """``(cut, words)`` for each cut, decoded by :func:`decode_long` from its audio."""
+                     search: DecodingOptions | None = None) -> tuple[list[tuple[str, list[str], list[str]]],
+                                                                     list[tuple[str, list[WordSpan]]], dict]:
+    """Decode each cut (any length) from its audio by :func:`decode_long`.
+
+    Returns ``(results, words, stats)``: ``(cut_id, ref_words, hyp_words)`` per cut for :mod:`asrprec.metrics`
+    (the reference: its supervisions' texts in order), ``(cut_id, WordSpans)`` per cut for
+    :func:`~asrprec.decoding.timestamps.write_ctm` (times from the cut's start), and ``{"audio_seconds",
+    "wall_seconds", "rtfx"}``.
+    """
+    results, words, audio_s = [], [], 0.0
+    start = time.perf_counter()
     for cut in cuts:
-        yield cut, decode_long(model, cut, tokenizer, options, search)
+        spans = decode_long(model, cut, tokenizer, options, search)
+        ref = " ".join(s.text or "" for s in sorted(cut.supervisions, key=lambda s: s.start)).split()
+        results.append((cut.id, ref, [w.word for w in spans]))
+        words.append((cut.id, spans))
+        audio_s += cut.duration
+    wall = time.perf_counter() - start
+    return results, words, {"audio_seconds": audio_s, "wall_seconds": wall, "rtfx": audio_s / wall if wall else 0.0}

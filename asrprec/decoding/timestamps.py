@@ -33,11 +33,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from asrprec.atomic import atomic_write_text
 
-__all__ = ["FEATURE_SHIFT_S", "FRAME_SHIFT_S", "SUBSAMPLING_FACTOR", "WORD_START", "WordSpan", "ctc_token_runs",
+__all__ = ["FEATURE_SHIFT_S", "FRAME_SHIFT_S", "SUBSAMPLING_FACTOR", "WORD_START", "CtmCollector", "WordSpan",
+           "ctc_token_runs",
            "EXTEND_FRAMES", "ctm_path", "format_ctm", "is_zero_duration", "word_spans", "words_from_ids", "write_ctm"]
 
 FEATURE_SHIFT_S = 0.01  # fbank frame shift
@@ -186,3 +187,29 @@ def format_ctm(utterances: Iterable[tuple[str, Sequence[WordSpan]]], channel: st
 def write_ctm(path: str | Path, utterances: Iterable[tuple[str, Sequence[WordSpan]]], channel: str = "1") -> Path:
     """Write :func:`format_ctm` to ``path`` atomically (:mod:`asrprec.atomic`)."""
     return atomic_write_text(path, format_ctm(utterances, channel))
+
+
+class CtmCollector:
+    """Collects word times while a split is decoded and writes them as one CTM file.
+
+    Pass it as ``decode_dataset(..., on_results=collector)``: it is called with each batch's cut ids and
+    :class:`~asrprec.decoding.DecodingResult` (anything with ``tokens``, ``frames``, ``durations``).
+    ``durations``: ``{cut_id: seconds}``; a cut's words then end within its audio (a spike's end moves at most
+    :data:`EXTEND_FRAMES` otherwise, and may pass the end of the audio by that much).
+    """
+
+    def __init__(self, id_to_piece: Callable[[int], str], durations: Mapping[str, float] | None = None):
+        self.id_to_piece = id_to_piece
+        self.durations = durations or {}
+        self.utterances: list[tuple[str, list[WordSpan]]] = []
+
+    def __call__(self, cut_ids: Sequence[str], results: Sequence) -> None:
+        for cut_id, r in zip(cut_ids, results):
+            seconds = self.durations.get(cut_id)
+            num_frames = None if seconds is None else max(1, math.ceil(seconds / FRAME_SHIFT_S - 1e-9))
+            self.utterances.append((cut_id, words_from_ids(self.id_to_piece, r.tokens, r.frames, r.durations,
+                                                           num_frames=num_frames)))
+
+    def write(self, path: str | Path, channel: str = "1") -> Path:
+        """:func:`write_ctm` of everything collected."""
+        return write_ctm(path, self.utterances, channel)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from asrprec.decoding import DecodingOptions
-from asrprec.decoding.longform import LongFormOptions, decode_long, plan_chunks
+from asrprec.decoding.longform import LongFormOptions, decode_long, decode_long_cuts, plan_chunks
 
 PIECES = ["<blk>", "\u2581ONE", "\u2581TWO", "\u2581THR", "EE", "\u2581FOUR", "\u2581FI", "VE"]
 WORDS = {"ONE": [1], "TWO": [2], "THREE": [3, 4], "FOUR": [5], "FIVE": [6, 7]}
@@ -146,3 +146,37 @@ def test_bad_options_are_named():
         LongFormOptions(chunks_per_batch=0)
     with pytest.raises(TypeError, match="lhotse Cut"):
         decode_long(EchoCtc(), [1, 2, 3], Pieces())
+
+
+class LoudCtc(EchoCtc):
+    """CTC-only stand-in on real fbank: token 1 on every encoder frame whose mean log-mel energy is high, else blank."""
+
+    def encode(self, x, x_lens):
+        self.longest = max(self.longest, x.size(1))
+        return x[:, ::4].mean(dim=-1, keepdim=True), (x_lens + 3) // 4
+
+    def ctc_log_probs(self, encoder_out):
+        loud = (encoder_out > -8.0).float()
+        return torch.cat([1.0 - loud, loud], dim=-1).mul(20.0).log_softmax(-1)
+
+
+def test_long_cuts_from_audio_find_each_burst_across_seams(tmp_path):
+    import soundfile as sf
+    from lhotse import MonoCut, Recording, SupervisionSegment
+
+    rng = np.random.default_rng(0)
+    audio = np.zeros(16000 * 7, dtype=np.float32)
+    bursts = [(0.52, 1.48), (2.6, 3.4), (4.4, 5.6)]  # the 2nd and 3rd run across chunk edges (2 s chunks, 0.8 s step)
+    for a, b in bursts:
+        audio[int(a * 16000): int(b * 16000)] = 0.1 * rng.standard_normal(int(b * 16000) - int(a * 16000))
+    sf.write(tmp_path / "a.wav", audio, 16000)
+    rec = Recording.from_file(tmp_path / "a.wav")
+    cut = MonoCut("c1", 0.0, rec.duration, 0, recording=rec,
+                  supervisions=[SupervisionSegment("s1", rec.id, 0.0, rec.duration, text="A A A")])
+    model = LoudCtc()
+    results, words, stats = decode_long_cuts(model, [cut], Pieces(), LongFormOptions(2.0, 1.2, 3), CTC)
+    assert results == [("c1", ["A", "A", "A"], ["ONE", "ONE", "ONE"])]  # piece 1 is "▁ONE"
+    assert model.longest <= 203 and stats["audio_seconds"] == pytest.approx(7.0)
+    (cid, spans), = words
+    for w, (a, b) in zip(spans, bursts):  # each burst's start within an encoder frame and a window
+        assert abs(w.start - a) <= 0.06 and a < w.end <= b + 0.44

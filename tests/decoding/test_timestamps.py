@@ -117,3 +117,18 @@ def test_ctm_columns_order_and_file(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))
     with pytest.raises(ValueError, match="whitespace"):
         format_ctm([("a b", [WordSpan("X", 0.0, 0.1)])])
+
+
+def test_ctm_collector_takes_decode_dataset_results(tmp_path):
+    from collections import namedtuple
+
+    from asrprec.decoding.timestamps import CtmCollector
+
+    Result = namedtuple("Result", "tokens frames durations")
+    table = {1: "\u2581A", 2: "\u2581B", 3: "."}
+    ctm = CtmCollector(table.__getitem__, durations={"u2": 0.2})
+    ctm(["u2", "u1"], [Result((1, 2), (0, 3), None), Result((), (), None)])
+    ctm(["u3"], [Result((1, 3), (2, 4), (2, 9))])  # TDT: durations, "." without one
+    # u2: A reaches B's start; B stops at the audio's end (0.2 s = 5 frames); u1 empty
+    path = ctm.write(tmp_path / "ctm-test-x.txt")
+    assert path.read_text() == "u2 1 0.00 0.12 A\nu2 1 0.12 0.08 B\nu3 1 0.08 0.08 A.\n"
