@@ -22,7 +22,8 @@ SHARP = 12.0  # the scripted logit; every other logit is 0
 class ScriptedTransducer(nn.Module):
     """A transducer whose joiner follows a script: utterance b emits ``scripts[b]`` = [(token, frame, duration)], each
     token once. Its encoder output holds (utterance, frame) as one number and its decoder output the last token, so
-    the joiner knows where the search is; off the script it says blank.
+    the joiner knows where the search is; off the script it says blank. It has only the searchable-transducer interface
+    (no ``decoder`` or ``joiner``), so a search that reached past it would fail here.
 
     RNN-T (``durations=()``): at frame t after token ℓ, the script's next token if it is due at t, else blank.
     TDT: a token's scripted duration; a blank jumps to the next token's frame (the largest duration that does not pass
@@ -104,10 +105,13 @@ def test_rnnt_searches_give_the_scripted_frames():
     enc, lens = model.encoder_out(LENS)
     want = _want(RNNT_SCRIPTS)
     assert _got(greedy_search(model, enc, lens, 2, return_results=True)) == want
-    for window in (1, 8):
-        assert _got(LabelLoopingGreedy(model, 2, window=window)(enc, lens, return_results=True)) == want
+    for window, static in ((1, False), (8, False), (8, True)):  # static: every row at every step (CUDA-graph shapes)
+        looping = LabelLoopingGreedy(model, 2, window=window, static_shapes=static)
+        assert _got(looping(enc, lens, return_results=True)) == want
+    for static in (False, True):
+        assert _got(malsd_beam_search(model, enc, lens, beam=3, max_sym_per_frame=2, static_shapes=static,
+                                      return_results=True)) == want
     malsd = malsd_beam_search(model, enc, lens, beam=3, max_sym_per_frame=2, return_results=True)
-    assert _got(malsd) == want
     assert all(isinstance(r.score, float) and -1e-3 < r.score <= 0 for r in malsd)  # the script's probability ~1
     stream = StreamingGreedySearch(model, len(LENS), 2)
     for chunk, n in _chunks(enc, lens, [2, 1, 4, 2]):
@@ -131,9 +135,12 @@ def test_tdt_searches_give_the_scripted_frames_and_durations():
     enc, lens = model.encoder_out(TDT_LENS)
     want = _want(TDT_SCRIPTS, tdt=True)
     assert _got(tdt_greedy_search(model, enc, lens, 2, return_results=True)) == want
-    assert _got(TdtLabelLoopingGreedy(model, 2)(enc, lens, return_results=True)) == want
+    for static in (False, True):
+        assert _got(TdtLabelLoopingGreedy(model, 2, static_shapes=static)(enc, lens, return_results=True)) == want
     assert _got(tdt_modified_beam_search(model, enc, lens, beam=3, max_sym_per_frame=2, return_results=True)) == want
-    assert _got(malsd_beam_search(model, enc, lens, beam=3, max_sym_per_frame=2, return_results=True)) == want
+    for static in (False, True):
+        assert _got(malsd_beam_search(model, enc, lens, beam=3, max_sym_per_frame=2, static_shapes=static,
+                                      return_results=True)) == want
     stream = StreamingTdtGreedySearch(model, len(TDT_LENS), 2)
     for chunk, n in _chunks(enc, lens, [1, 3, 2, 4]):
         stream.accept(chunk, n)
