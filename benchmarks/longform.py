@@ -4,11 +4,14 @@ utterance alone.
 A recording of L minutes is the test split's utterances one after another (cycled when the split is shorter),
 ``--pause`` seconds of faint white noise between them, written as one 16 kHz WAV. Each recording is decoded in a fresh
 process by :func:`asrprec.decoding.longform.decode_long` (audio read and turned into fbank chunk by chunk), which
-reports its RSS once the model is loaded and warmed up and the peak RSS while decoding (VmHWM, reset first), and the wall and CPU time of the decode.
+reports its RSS once the model is loaded and warmed up, the peak RSS while decoding (VmHWM, reset first), and the
+wall and CPU time of the decode.
 ``--one-pass-minutes`` also decodes the recordings up to that length in one encoder pass (the whole recording's
 features at once), to show the memory that chunking saves. WER: the long-form hypothesis against the recording's
 whole reference; "per utterance": the same utterances decoded one by one (one batch pass, features on the fly).
 "in utt": the share of correctly recognised words whose centre lies inside their own utterance's span.
+A model trained only on single short utterances (the embedded recipe's: 0.6-3.5 s) may fail on any input holding
+several of them, chunked or not: the one-pass rows show what the model does without chunking.
 
     python benchmarks/longform.py --exp-dir recipes/espeak/exp/fp32 --epoch 10 --avg 3 \\
         --data-dir recipes/espeak/data --work-dir /tmp/longform --minutes 1 5 30 --threads 1

@@ -34,6 +34,8 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, required=True, help="the recipe's data folder (corpus.json, bpe.model)")
     p.add_argument("--work-dir", type=Path, required=True, help="where the aligned test split is synthesised")
     p.add_argument("--split", default="test", choices=("dev", "test"))
+    p.add_argument("--seed", type=int, default=None,
+                   help="synthesise the split of another corpus seed (other texts and voices; default: the recipe's)")
     p.add_argument("--max-utts", type=int, default=0, help="decode only the first N utterances (0 = all)")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--beam", type=int, default=4)
@@ -43,11 +45,13 @@ def get_parser() -> argparse.ArgumentParser:
     return p
 
 
-def aligned_split(data_dir: Path, work_dir: Path, split: str):
-    """The split's cuts, synthesised again with word alignments (same configuration, same audio)."""
+def aligned_split(data_dir: Path, work_dir: Path, split: str, seed: int | None = None):
+    """The split's cuts, synthesised again with word alignments (same configuration, same audio; or ``seed``'s)."""
     from asrprec.data.synthetic import generate_corpus
 
     cfg = json.loads((data_dir / "corpus.json").read_text())
+    if seed is not None:
+        cfg["seed"] = seed
     counts = {s: (cfg[f"num_{s}"] if s == split else 0) for s in ("train", "dev", "test")}
     options = {k: v for k, v in cfg.items() if k not in ("num_train", "num_dev", "num_test", "version")}
     options["snr_db"] = tuple(options["snr_db"]) if options.get("snr_db") else None
@@ -58,9 +62,8 @@ def aligned_split(data_dir: Path, work_dir: Path, split: str):
         print("note: the split does not start on a shard boundary of the recipe's corpus; its audio may differ")
     cuts = generate_corpus(work_dir, num_train=counts["train"], num_dev=counts["dev"], num_test=counts["test"],
                            num_workers=1, **options)[split]
-    same = [c.id for c in list(cuts)[:5]
-            if (data_dir / "audio" / split / f"{c.id}.flac").is_file()
-            and (data_dir / "audio" / split / f"{c.id}.flac").read_bytes() == Path(c.recording.sources[0].source).read_bytes()]
+    stored = [(data_dir / "audio" / split / f"{c.id}.flac", Path(c.recording.sources[0].source)) for c in list(cuts)[:5]]
+    same = [a for a, b in stored if a.is_file() and a.read_bytes() == b.read_bytes()]
     print(f"audio identical to the recipe's {split} split: {len(same)} of the first 5 files")
     return cuts
 
@@ -129,7 +132,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args)
-    cuts = list(aligned_split(args.data_dir, args.work_dir, args.split))
+    cuts = list(aligned_split(args.data_dir, args.work_dir, args.split, args.seed))
     if args.max_utts:
         cuts = cuts[: args.max_utts]
     rows = []
@@ -138,8 +141,9 @@ def main() -> None:
             rows.append(measure(model, tokenizer, cuts, method, args.beam, args.batch_size))
         except ValueError as e:
             print(f"{method}: skipped ({e})")
-    print(f"\nword-boundary error, {len(cuts)} {args.split} utterances, {args.exp_dir} epoch {args.epoch} avg "
-          f"{args.avg}; 40 ms encoder frames; errors of correctly recognised words (ms)")
+    seed = "the recipe's seed" if args.seed is None else f"corpus seed {args.seed}"
+    print(f"\nword-boundary error, {len(cuts)} {args.split} utterances ({seed}), {args.exp_dir} epoch {args.epoch} "
+          f"avg {args.avg}; 40 ms encoder frames; errors of correctly recognised words (ms)")
     head = ("method", "words", "matched", "|start| mean", "|start| p90", "|end| mean", "|end| p90", "start bias",
             "end bias")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))

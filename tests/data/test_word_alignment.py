@@ -9,7 +9,6 @@ other without a pause share their boundary, which energy cannot check.
 """
 
 import numpy as np
-import pytest
 
 from asrprec.data.espeak import word_spans_from_events
 from asrprec.data.synthetic import SAMPLE_RATE, CorpusConfig, plan_corpus, render_aligned_utterance

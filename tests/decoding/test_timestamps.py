@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from asrprec.decoding.timestamps import (
-    EXTEND_FRAMES, FRAME_SHIFT_S, WordSpan, ctc_token_runs, ctm_path, format_ctm, is_zero_duration, word_spans, words_from_ids,
-    write_ctm,
+    EXTEND_FRAMES, FRAME_SHIFT_S, WordSpan, ctc_token_runs, ctm_path, format_ctm, is_zero_duration, word_spans,
+    words_from_ids, write_ctm,
 )
 
 F = FRAME_SHIFT_S
