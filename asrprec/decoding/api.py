@@ -1,4 +1,5 @@
-"""How to decode (:class:`DecodingOptions`) and "encode, then decode with the named method" (:func:`decode`).
+"""How to decode (:class:`DecodingOptions`), the method's search chosen once (:class:`Searcher`, from the table of
+:mod:`asrprec.decoding.methods`), and "encode, then decode with the named method" (:func:`decode`).
 
 Legend: B utterances, T input frames, T' encoder frames, F feature bins, D_enc encoder width.
 """
