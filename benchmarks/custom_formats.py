@@ -29,11 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 ESPEAK, CUSTOM = ROOT / "recipes" / "espeak", ROOT / "recipes" / "custom"
 FORMATS = ("kaldi", "nemo", "lhotse")
 SPLITS = ("train", "dev", "test")
-# recipes/espeak/train.py's values of the flags whose recipes/custom default differs (checked against its parser)
-ESPEAK_TRAINING = {"size": "tiny", "max_duration": 30.0, "loss_warmup_batches": 4000, "lr_batches": 500,
-                   "lr_epochs": 4.0, "warmup_batches": 100, "log_interval": 20, "encoder_schedule_scale": 30.0,
-                   "average_period": 10, "ref_duration": 0.0, "valid_interval": 0, "save_every_n": 0,
-                   "keep_last_k": 5, "num_buckets": 10, "num_workers": 0}
+# recipes/espeak/train.py's values of the config fields whose recipes/custom default differs (checked against it)
+ESPEAK_TRAINING = {"model.size": "tiny", "data.max_duration": 30.0, "model.loss_warmup_batches": 4000,
+                   "train.lr_batches": 500.0, "train.lr_epochs": 4.0, "train.warmup_batches": 100,
+                   "train.log_interval": 20, "train.encoder_schedule_scale": 30.0, "train.average_period": 10,
+                   "train.ref_duration": 0.0, "train.valid_interval": 0, "train.save_every_n": 0,
+                   "train.keep_last_k": 5, "data.num_buckets": 10, "data.num_workers": 0}
 
 
 def run(*args: object, log: Path) -> float:
@@ -49,14 +50,15 @@ def run(*args: object, log: Path) -> float:
 
 def check_espeak_defaults() -> None:
     """ESPEAK_TRAINING must be what recipes/espeak/train.py would use."""
-    defaults = vars(runpy.run_path(str(ESPEAK / "train.py"))["get_parser"]().parse_args([]))
+    cfg = runpy.run_path(str(ESPEAK / "train.py"), run_name="espeak_train")["command_line"]().build()
+    defaults = {k: getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) for k in ESPEAK_TRAINING}
     wrong = {k: (v, defaults[k]) for k, v in ESPEAK_TRAINING.items() if defaults[k] != v}
     if wrong:
         raise SystemExit(f"ESPEAK_TRAINING differs from recipes/espeak/train.py: {wrong}")
 
 
 def flags(d: dict) -> list[str]:
-    return [x for k, v in d.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    return [x for k, v in d.items() for x in (f"--{k}", str(v))]  # --section.field VALUE
 
 
 def write_formats(espeak_data: Path, out: Path) -> dict[str, dict[str, Path]]:
@@ -116,7 +118,7 @@ def main() -> None:
     if args.prepare_espeak:
         run(ESPEAK / "prepare.py", "--data-dir", args.espeak_data_dir, "--num-workers", 1, log=log)
     sources = write_formats(args.espeak_data_dir, out / "sources")
-    common = ("--num-epochs", args.epochs, "--threads", args.threads, "--no-progress-bar")
+    common = ("--num-epochs", args.epochs, "--threads", args.threads, "--train.progress_bar", "false")
     decode = ("--epoch", args.epochs, "--avg", args.avg, "--device", "cpu")
     rows = []
 
@@ -139,7 +141,7 @@ def main() -> None:
             log=log)
         secs = 0.0 if (exp / f"epoch-{args.epochs}.pt").is_file() else run(
             CUSTOM / "train.py", "--data-dir", data, "--vocab-size", args.vocab_size, "--exp-dir", exp, "--seed", seed,
-            *flags(ESPEAK_TRAINING), "--spec-aug-time-warp-factor", 0, *common, log=log)
+            *flags(ESPEAK_TRAINING), "--data.spec_augment_config.time_warp_factor", 0, *common, log=log)
         run(CUSTOM / "decode.py", "--data-dir", data, "--vocab-size", args.vocab_size, "--exp-dir", exp, *decode, log=log)
         rows.append(("recipes/custom", fmt, seed, test_wer(exp, args.epochs, args.avg), secs))
         print(rows[-1], flush=True)

@@ -1,86 +1,134 @@
-"""Configs as the one source of the command-line flags: every field reaches the CLI with its default, type and
-help, and the parsed flags build the same dataclass back."""
+"""Typed configs: a config of sections is built strictly from layers (defaults, YAML, dotted overrides, flags), each
+value read as its field's type; a flag is a field; the shared groups (compile options, weights selection) are
+declared once."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import pytest
 
-from asrprec.config import add_dataclass_args, dataclass_from_args, option
+from asrprec.cli import ConfigCommandLine, add_dataclass_args, dataclass_from_args, parse_flat
+from asrprec.config import (
+    ConfigError, build_config, config_defaults, config_to_dict, config_to_yaml, merge_layer, option, parse_text,
+    read_yaml,
+)
 from asrprec.data import DataConfig
-from asrprec.training import TrainConfig
-from asrprec.training.cli import DATA_FLAGS, add_data_args, add_training_args, data_config_from_args
+from asrprec.training import TrainConfig, TrainingConfig
 
 
-def _parser(**defaults) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(exit_on_error=False)
-    add_training_args(p, **defaults)
-    return p
+@dataclasses.dataclass
+class _Inner:
+    rate: float = option(0.5, help="a rate")
+    sizes: tuple[int, ...] = option((1, 2), help="comma-separated")
+    name: str | None = option(None, help="optional")
 
 
-def _other_value(f: dataclasses.Field):
-    """A valid non-default command-line value for a TrainConfig field, and the value it should parse to."""
-    special = {"exp_dir": ("runs/x", "runs/x"), "resume": ("latest", "latest"), "optimizer": ("adamw", "adamw"),
-               "init_from": ("a/epoch-3.pt", "a/epoch-3.pt"), "icefall_args": ("args.json", "args.json"),
-               "scan_oom": ("off", "off"),
-               "compile_dynamic": ("auto", "auto"), "compile_regions": ("layers", "layers"),
-               "compile_schedules": ("tensor", "tensor"),
-               "compile_backend": ("aot_eager", "aot_eager"), "compile_mode": ("max-autotune", "max-autotune"),
-               "num_epochs": ("12", 12), "start_epoch": ("2", 2),
-               "max_skipped_fraction": ("0.25", 0.25), "preempt_signals": ("SIGINT", ("SIGINT",))}
-    if f.name in special:
-        return special[f.name]
-    if isinstance(f.default, bool):
-        return None, not f.default
-    if isinstance(f.default, int):
-        return str(f.default + 3), f.default + 3
-    if isinstance(f.default, float):
-        return str(f.default + 0.5), f.default + 0.5
-    raise AssertionError(f"no test value for {f.name}")
+@dataclasses.dataclass
+class _Outer:
+    inner: _Inner = dataclasses.field(default_factory=_Inner)
+    steps: int = option(3, help="steps")
+    fast: bool = option(False, help="go fast")
+    table: dict = dataclasses.field(default_factory=dict)
 
 
-def test_every_train_config_field_is_a_flag_with_the_dataclass_default():
-    args = _parser().parse_args([])
-    got = dataclass_from_args(TrainConfig, args)
-    want = TrainConfig(exp_dir="exp")
-    assert got == want
-    help_text = _parser().format_help()
-    for f in dataclasses.fields(TrainConfig):
-        flag = f"--no-{f.name}" if f.default is True else f"--{f.name}"
-        assert flag.replace("_", "-") in help_text, f.name
-        assert f.metadata.get("help"), f"{f.name} has no help text"
-    assert "--weight-decay" in help_text
+def test_layers_merge_key_by_key_and_values_take_their_field_types():
+    d = config_defaults(_Outer)
+    assert d == {"inner": {"rate": 0.5, "sizes": [1, 2], "name": None}, "steps": 3, "fast": False, "table": {}}
+    d = merge_layer(_Outer, d, {"inner": {"rate": 2}, "table": {"k": [1]}})
+    d = merge_layer(_Outer, d, parse_text(_Outer, "inner.sizes", "4,5,6"))
+    d = merge_layer(_Outer, d, parse_text(_Outer, "fast", "yes"))
+    d = merge_layer(_Outer, d, parse_text(_Outer, "inner.name", "none"))
+    cfg = build_config(_Outer, d)
+    assert cfg == _Outer(inner=_Inner(rate=2.0, sizes=(4, 5, 6), name=None), steps=3, fast=True, table={"k": [1]})
+    assert isinstance(cfg.inner.rate, float)
+    assert config_to_dict(cfg) == {"inner": {"rate": 2.0, "sizes": [4, 5, 6], "name": None}, "steps": 3,
+                                   "fast": True, "table": {"k": [1]}}
 
 
-def test_each_train_flag_reaches_its_field():
-    for f in dataclasses.fields(TrainConfig):
-        text, value = _other_value(f)
-        flag = (f"--no-{f.name}" if f.default is True else f"--{f.name}").replace("_", "-")
-        argv = [flag] if text is None else [flag, text]
-        cfg = dataclass_from_args(TrainConfig, _parser().parse_args(argv))
-        assert getattr(cfg, f.name) == value, (f.name, argv)
-        others = {g.name for g in dataclasses.fields(cfg) if getattr(cfg, g.name) != getattr(TrainConfig(exp_dir="exp"),
-                                                                                               g.name)}
-        assert others == {f.name}, (f.name, others)
+@pytest.mark.parametrize("layer, message", [
+    ({"inner": {"rat": 1.0}}, "unknown config key 'inner.rat'; did you mean 'inner.rate'"),
+    ({"stepz": 1}, "'stepz'; did you mean 'steps'"),
+    ({"inner": 3}, None),
+])
+def test_unknown_keys_name_the_closest(layer, message):
+    if message is None:  # a section given as a scalar fails when built, naming the section
+        with pytest.raises(ConfigError, match="inner"):
+            build_config(_Outer, merge_layer(_Outer, config_defaults(_Outer), layer))
+        return
+    with pytest.raises(ConfigError, match=message):
+        merge_layer(_Outer, config_defaults(_Outer), layer, source="x.yaml")
 
 
-def test_recipe_defaults_replace_field_defaults_and_unknown_ones_are_named():
-    args = _parser(exp_dir="e", base_lr=0.01, tensorboard=False).parse_args([])
-    assert (args.exp_dir, args.base_lr, args.tensorboard) == ("e", 0.01, False)
-    with pytest.raises(TypeError):  # TrainConfig itself refuses the unknown name
-        _parser(base_rl=0.01)
-    p = argparse.ArgumentParser()
-    with pytest.raises(ValueError, match="did you mean 'base_lr'"):
-        add_dataclass_args(p, TrainConfig, defaults={"base_rl": 0.01})
+@pytest.mark.parametrize("key, text, message", [
+    ("steps", "3.5", "expected an integer"), ("fast", "maybe", "expected true or false"),
+    ("inner.sizes", "1,x", "comma-separated int"), ("inner", "1", "inner is a section"),
+])
+def test_text_that_is_not_the_fields_type_is_named(key, text, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(_Outer, merge_layer(_Outer, config_defaults(_Outer), parse_text(_Outer, key, text)))
 
 
-def test_choices_and_types_are_enforced():
-    with pytest.raises(argparse.ArgumentError, match="invalid choice"):
-        _parser().parse_args(["--optimizer", "sgd"])
-    with pytest.raises(argparse.ArgumentError, match="invalid int value"):
-        _parser().parse_args(["--num-epochs", "ten"])
+def test_yaml_values_are_type_checked(tmp_path):
+    for text, message in (("steps: 2.5\n", "steps: expected int, got float"),
+                          ("fast: 1\n", "fast: expected bool, got int"),
+                          ("inner:\n  name: 3\n", "inner.name: expected str, got int 3 \\(quote it\\)"),
+                          ("- a\n", "a mapping of sections")):
+        f = tmp_path / "c.yaml"
+        f.write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            build_config(_Outer, merge_layer(_Outer, config_defaults(_Outer), read_yaml(f)))
+
+
+def test_yaml_round_trip_of_the_training_config(tmp_path):
+    cl = ConfigCommandLine(TrainingConfig, ())
+    cfg = cl.build(dotted=[("model.encoder_overrides", '{"dropout": 0.1}'), ("train.preempt_signals", ""),
+                           ("model.chunk_size", "16,-1"), ("train.exp_dir", "runs/a")])
+    assert cfg.train.preempt_signals == () and cfg.model.chunk_size == (16, -1)
+    f = tmp_path / "c.yaml"
+    f.write_text(config_to_yaml(cfg, header="a header"))
+    assert f.read_text().startswith("# a header\nmodel:\n")
+    assert cl.build([f]) == cfg
+
+
+def test_the_dataclasses_own_checks_name_the_section():
+    cl = ConfigCommandLine(TrainingConfig, ())
+    with pytest.raises(ConfigError, match=r"^data: max_duration must be > 0"):
+        cl.build(dotted=[("data.max_duration", "0")])
+    with pytest.raises(ConfigError, match=r"^train: compile_mode must be one of"):
+        cl.build(dotted=[("train.compile_mode", "fastest")])
+
+
+def test_compile_options_and_weights_are_declared_once():
+    from asrprec.decoding.experiment import DecodeConfig
+    from asrprec.export.cli import ExportConfig
+    from asrprec.models.weights import WeightsOptions
+    from asrprec.models.compile import CompileOptions
+
+    def owner(cls, name):
+        return next(c for c in reversed(cls.__mro__) if name in getattr(c, "__annotations__", {}))
+
+    for name in ("compile", "compile_dynamic", "compile_mode", "compile_regions"):
+        assert owner(TrainConfig, name) is owner(DecodeConfig, name) is CompileOptions
+    for name in ("epoch", "avg", "use_averaged_model", "init_from", "icefall_args", "allow_nonfinite"):
+        assert owner(DecodeConfig, name) is owner(ExportConfig, name) is WeightsOptions
+    cfg = TrainConfig(exp_dir="e", compile_mode="max-autotune")  # the loop reads the fields as before
+    assert (cfg.compile, cfg.compile_mode, cfg.compile_dynamic) == (False, "max-autotune", "true")
+    # runs made when --compile-dynamic was a switch stored true/false in config.json
+    assert TrainConfig(exp_dir="e", compile_dynamic=True).compile_dynamic == "true"
+    assert TrainConfig(exp_dir="e", compile_dynamic=False).compile_dynamic == "auto"
+    with pytest.raises(ValueError, match="compile_dynamic must be one of"):
+        TrainConfig(exp_dir="e", compile_dynamic="always")
+    assert ExportConfig(exp_dir="e", epoch=3, use_averaged_model=True).tag() == "epoch-3-avg-1-use-averaged-model"
+    with pytest.raises(ValueError, match="takes an icefall checkpoint as icefall:FILE"):
+        ExportConfig(exp_dir="e", init_from="exp/epoch-1.pt")
+    with pytest.raises(ValueError, match="--epoch is required: the epoch-N.pt to export"):
+        ExportConfig(exp_dir="e").require_weights("export")
+
+
+def test_data_seed_follows_the_train_seed():
+    cfg = ConfigCommandLine(TrainingConfig, ["train.seed"]).parse(["--seed", "7"])
+    assert cfg.data.seed == cfg.train.seed == 7 and cfg.data == DataConfig(seed=7)
 
 
 @dataclasses.dataclass
@@ -89,107 +137,38 @@ class _Toy:
     sizes: tuple[int, ...] = option((1, 2), help="comma-separated")
     limit: float | None = option(None, help="optional")
     fast: bool = option(False, help="go fast")
+    slow: bool = option(True, help="go slow")
+    use_x: bool = option(False, takes_value=True, help="x")
     table: dict = dataclasses.field(default_factory=dict)
 
 
-def test_generator_handles_required_optional_tuple_and_refuses_other_types():
+def test_flat_generator_handles_required_optional_tuple_and_value_bools():
+    import argparse
+
     p = argparse.ArgumentParser(exit_on_error=False)
-    assert add_dataclass_args(p, _Toy, exclude=("table",)) == ["name", "sizes", "limit", "fast"]
+    assert add_dataclass_args(p, _Toy, exclude=("table",)) == ["name", "sizes", "limit", "fast", "slow", "use_x"]
     with pytest.raises(SystemExit):  # argparse: "the following arguments are required: --name"
         p.parse_args([])
-    toy = dataclass_from_args(_Toy, p.parse_args(["--name", "a", "--sizes", "3,4,5", "--limit", "2.5", "--fast"]),
-                              table={"k": 1})
-    assert toy == _Toy(name="a", sizes=(3, 4, 5), limit=2.5, fast=True, table={"k": 1})
-    assert dataclass_from_args(_Toy, p.parse_args(["--name", "a", "--sizes", ""])).sizes == ()
-    with pytest.raises(TypeError, match="'table'"):
-        add_dataclass_args(argparse.ArgumentParser(), _Toy)
+    toy = dataclass_from_args(_Toy, p.parse_args(["--name", "a", "--sizes", "3,4,5", "--limit", "2.5", "--fast",
+                                                  "--no-slow", "--use-x", "true"]), table={"k": 1})
+    assert toy == _Toy(name="a", sizes=(3, 4, 5), limit=2.5, fast=True, slow=False, use_x=True, table={"k": 1})
+    assert dataclass_from_args(_Toy, p.parse_args(["--name", "a", "--sizes", "", "--use-x"])).sizes == ()
     with pytest.raises(ValueError, match="unknown _Toy keys"):
         dataclass_from_args(_Toy, p.parse_args(["--name", "a"]), tabel={})
+    with pytest.raises(ValueError, match="did you mean 'fast'"):
+        add_dataclass_args(argparse.ArgumentParser(), _Toy, defaults={"fats": True})
+    assert parse_flat(_Toy, ["--name", "b", "--limit", "none"], defaults={"fast": True}) == \
+        _Toy(name="b", fast=True)
 
 
-def test_data_flags_come_from_data_config_with_recipe_defaults():
-    p = argparse.ArgumentParser()
-    add_training_args(p)
-    add_data_args(p, max_duration=30.0, num_workers=2)
-    cfg = data_config_from_args(p.parse_args([]), drop_last=True)
-    want = DataConfig(max_duration=30.0, num_workers=2, seed=TrainConfig(exp_dir="e").seed, drop_last=True)
-    assert cfg == want
-    cfg = data_config_from_args(p.parse_args(["--no-spec-augment", "--on-the-fly-feats", "--num-buckets", "3"]))
-    assert (cfg.spec_augment, cfg.on_the_fly_feats, cfg.num_buckets) == (False, True, 3)
-    for name in DATA_FLAGS:
-        assert dataclasses.fields(DataConfig)[[f.name for f in dataclasses.fields(DataConfig)].index(name)].metadata[
-            "help"]
-    with pytest.raises(SystemExit, match="max_duration must be > 0"):
-        data_config_from_args(p.parse_args(["--max-duration", "0"]))
+def test_a_plain_flag_reaches_its_field_and_only_what_was_given_changes():
+    from asrprec.training.config import TRAIN_FLAGS, training_command_line
 
-
-def test_value_bools_and_custom_parsers():
-    @dataclasses.dataclass
-    class Cfg:
-        use_x: bool = option(True, takes_value=True, help="x")
-        use_y: bool = option(False, takes_value=True, help="y")
-        pair: tuple = option((1, 2), parse=lambda t: tuple(int(v) for v in t.split("/")), help="a/b")
-
-    p = argparse.ArgumentParser()
-    add_dataclass_args(p, Cfg)
-    assert dataclass_from_args(Cfg, p.parse_args([])) == Cfg()
-    got = dataclass_from_args(Cfg, p.parse_args(["--use-x", "false", "--use-y", "--pair", "3/4"]))
-    assert (got.use_x, got.use_y, got.pair) == (False, True, (3, 4))
-    assert p.parse_args(["--use-y", "0"]).use_y is False
-    with pytest.raises(SystemExit):
-        p.parse_args(["--use-x", "maybe"])
-
-
-def test_every_model_option_is_a_flag_with_its_default_and_reaches_its_field():
-    from asrprec.models import ModelOptions
-    from asrprec.training.cli import add_model_args, model_options_from_args
-
-    p = argparse.ArgumentParser()
-    add_model_args(p, size="medium")
-    assert model_options_from_args(p.parse_args([])) == ModelOptions(size="medium")
-    flags = {a.dest: a.option_strings for a in p._actions}
-    for f in dataclasses.fields(ModelOptions):
-        assert "--" + f.name.replace("_", "-") in flags[f.name], f.name
-    got = model_options_from_args(p.parse_args(
-        ["--use-transducer", "false", "--use-ctc", "--use-cr-ctc", "true", "--tdt-durations", "0,1,3",
-         "--encoder-overrides", '{"dropout": 0.05}', "--chunk-size", "16,-1", "--causal"]))
-    assert (got.use_transducer, got.use_ctc, got.use_cr_ctc) == (False, True, True)
-    assert got.tdt_durations == (0, 1, 3) and got.encoder_overrides == {"dropout": 0.05}
-    assert got.all_encoder_overrides() == {"dropout": 0.05, "causal": True, "chunk_size": [16, -1]}
-    for bad in (["--tdt-durations", "0,2"], ["--chunk-size", "0"], ["--encoder-overrides", "[1]"]):
-        with pytest.raises(SystemExit):
-            p.parse_args(bad)
-
-
-def test_decode_and_precision_flags_come_from_their_dataclasses():
-    from asrprec.precision import PrecisionOptions
-    from asrprec.decoding.experiment import DecodeConfig, add_decoding_args, decode_config_from_args
-    from asrprec.cli import add_precision_args, precision_options_from_args
-
-    p = argparse.ArgumentParser()
-    add_decoding_args(p, beam_size=8)
-    add_precision_args(p, default="amp-bf16")
-    args = p.parse_args(["--epoch", "3"])
-    assert decode_config_from_args(args) == DecodeConfig(epoch=3, beam_size=8)
-    assert precision_options_from_args(args) == PrecisionOptions(precision="amp-bf16")
-    flags = {a.dest: a.option_strings for a in p._actions}
-    for cls in (DecodeConfig, PrecisionOptions):
-        for f in dataclasses.fields(cls):
-            assert any(o.startswith("--") for o in flags[f.name]), f.name
-    with pytest.raises(SystemExit, match="--epoch is required"):
-        decode_config_from_args(p.parse_args([]))
-    assert decode_config_from_args(p.parse_args(["--init-from", "icefall:x.pt"])).epoch is None
-    with pytest.raises(SystemExit, match="takes an icefall checkpoint as icefall:FILE"):
-        decode_config_from_args(p.parse_args(["--epoch", "1", "--init-from", "exp/epoch-1.pt"]))
-    with pytest.raises(SystemExit, match="--tail-padding applies to --streaming"):
-        decode_config_from_args(p.parse_args(["--epoch", "1", "--tail-padding", "0.66"]))
-    cfg = decode_config_from_args(p.parse_args(["--epoch", "2", "--decoding-method", "ctc_prefix_beam_search"]))
-    assert (cfg.search().method, cfg.search().beam) == ("ctc_prefix_beam_search", 8)
-
-
-def test_compile_dynamic_of_an_older_config_json_reads_as_its_mode():
-    # runs made when --compile-dynamic was a switch stored true/false in config.json
-    assert TrainConfig(exp_dir="e", compile_dynamic=True).compile_dynamic == "true"
-    assert TrainConfig(exp_dir="e", compile_dynamic=False).compile_dynamic == "auto"
-    with pytest.raises(ValueError, match="compile_dynamic must be one of"):
-        TrainConfig(exp_dir="e", compile_dynamic="always")
+    cl = training_command_line(defaults={"train": {"exp_dir": "e"}})
+    base = cl.parse([])
+    assert base == TrainingConfig(train=TrainConfig(exp_dir="e"))
+    for path in TRAIN_FLAGS:
+        section, name = path.split(".")
+        f = next(f for f in dataclasses.fields(getattr(base, section)) if f.name == name)
+        assert f.metadata["help"] and len(f.metadata["help"]) <= 100, path
+        assert "\n" not in f.metadata["help"]

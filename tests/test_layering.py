@@ -329,3 +329,11 @@ def test_layer_check_finds_each_kind_of_violation(tmp_path):
         "asrprec/models/x.py:5 imports asrprec.cli (a layer above)",
         "asrprec/optim/x.py:1 imports asrprec.precision (a layer above)",
     ]
+
+
+def test_only_the_cli_speaks_argparse():
+    """The library takes config objects: argparse (and its Namespace) lives in asrprec/cli.py alone."""
+    found = [f"{path.relative_to(ROOT)}:{i}" for path in sorted((ROOT / "asrprec").rglob("*.py"))
+             if path.relative_to(ROOT).as_posix() != "asrprec/cli.py"
+             for i, line in enumerate(path.read_text().splitlines(), 1) if "argparse" in line]
+    assert found == []

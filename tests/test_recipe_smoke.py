@@ -41,16 +41,16 @@ def test_recipe_smoke(tmp_path, precision, recogs_wer):
     # the Conformer here (the model.json check below is written for its preset); the default Zipformer runs in the
     # slow test below and in run.sh
     run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--precision", precision, "--num-epochs", 2,
-        "--max-batches-per-epoch", 2, "--max-duration", 20, "--no-progress-bar", "--encoder", "conformer",
-        "--average-period", 1)
+        "--train.max_batches_per_epoch", 2, "--max-duration", 20, "--train.progress_bar", "false", "--encoder", "conformer",
+        "--train.average_period", 1)
     assert (exp / "epoch-1.pt").is_file() and (exp / "epoch-2.pt").is_file()
     assert (exp / "tensorboard").is_dir()
     # --seed fixes the run (model initialisation included), and the pre-training OOM scan of the riskiest
     # batches leaves no trace: a second run with the scan writes the same epoch-1 weights
     exp2 = tmp_path / "exp2"
     run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp2, "--precision", precision, "--num-epochs", 1,
-        "--max-batches-per-epoch", 2, "--max-duration", 20, "--no-progress-bar", "--encoder", "conformer",
-        "--scan-oom", "on")
+        "--train.max_batches_per_epoch", 2, "--max-duration", 20, "--train.progress_bar", "false", "--encoder", "conformer",
+        "--train.scan_oom", "on")
     assert "OOM scan: single_longest_cut" in (exp2 / "train.log").read_text()
     first, second = (torch.load(e / "epoch-1.pt", weights_only=False)["model"] for e in (exp, exp2))
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
@@ -85,8 +85,8 @@ def test_causal_zipformer_streams(tmp_path):
     data, exp = tmp_path / "data", tmp_path / "exp"
     run(RECIPE / "prepare.py", "--data-dir", data, "--num-train", 24, "--num-dev", 4, "--num-test", 8,
         "--vocab-size", 40)
-    run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--num-epochs", 1, "--max-batches-per-epoch", 2,
-        "--max-duration", 20, "--no-progress-bar", "--encoder", "zipformer", "--causal")
+    run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--num-epochs", 1, "--train.max_batches_per_epoch", 2,
+        "--max-duration", 20, "--train.progress_bar", "false", "--encoder", "zipformer", "--causal")
     common = ("--data-dir", data, "--exp-dir", exp, "--epoch", 1, "--splits", "test", "--chunk-size", 16,
               "--left-context-frames", 64)
     out = run(RECIPE / "decode.py", *common, "--streaming")
@@ -103,7 +103,7 @@ def test_recipe_end_to_end_reaches_low_wer(tmp_path):
     78 / 57 / 44 % greedy test WER after epochs 3 / 4 / 5 (8-9 % after 10)."""
     exp = tmp_path / "exp"
     run(RECIPE / "prepare.py")
-    run(RECIPE / "train.py", "--exp-dir", exp, "--num-epochs", 5, "--no-progress-bar")
+    run(RECIPE / "train.py", "--exp-dir", exp, "--num-epochs", 5, "--train.progress_bar", "false")
     run(RECIPE / "decode.py", "--exp-dir", exp, "--epoch", 5, "--avg", 1, "--splits", "test")
     wer = json.loads(next(exp.glob("wer-summary-*.json")).read_text())["test"]["wer"]
     assert wer < 60.0

@@ -50,6 +50,10 @@ class SpecAugmentConfig:
     features_mask_size: int = 27
     p: float = 0.9
 
+    def __post_init__(self) -> None:
+        if self.time_warp_factor == 0:  # a recipe's "0 = no time warping"
+            self.time_warp_factor = None
+
 
 @dataclass
 class NoiseMixConfig:
@@ -82,11 +86,10 @@ class DataConfig:
     [``min_cut_s``, ``max_cut_s``] are dropped from the training set (with a log line)."""
 
     max_duration: float = option(200.0, help="seconds of audio per batch (per GPU under torchrun)")
-    num_buckets: int = option(10, help="duration buckets of lhotse's DynamicBucketingSampler; 1 = no bucketing")
+    num_buckets: int = option(10, help="duration buckets of lhotse's DynamicBucketingSampler; 1 = none")
     shuffle: bool = True
     drop_last: bool = False
-    on_the_fly_feats: bool = option(False, help="compute fbank from the audio in the dataloader instead of reading "
-                                                "precomputed features")
+    on_the_fly_feats: bool = option(False, help="compute fbank from the audio instead of reading features")
     spec_augment: bool = option(True, help="apply SpecAugment to the training batches")
     spec_augment_config: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     num_workers: int = option(0, help="dataloader worker processes")
@@ -101,16 +104,11 @@ class DataConfig:
     bucketing_buffer_size: int | None = None
     shuffle_buffer_size: int | None = None
     # batches sized by memory (asrprec.precision.batch_plan; asrprec.training.batch_plan applies them)
-    max_memory: str = option(
-        "", metavar="SIZE",
-        help="size each duration bucket's batch to the most utterances whose projected training step fits SIZE per "
-             "GPU (40GB, 40GiB, or 0.9 of the detected GPU), instead of one --max-duration for every bucket; the plan "
-             "is written to --exp-dir/batch_plan.json, and a resumed run keeps it")
-    plan_only: bool = option(False, help="with --max-memory: print the batch plan and exit")
-    memory_safety: float = option(
-        CALIBRATION_SAFETY, help="with --max-memory: the projected step is kept under SIZE x this (projected / "
-                                 "measured peak; the default is the icefall calibration's lower ratio, a GPU run's "
-                                 "own ratio from benchmarks/gpu_check.sh replaces it)")
+    max_memory: str = option("", metavar="SIZE",
+                             help="size each bucket's batch to fit SIZE per GPU (40GB, 40GiB, 0.9 of the GPU)")
+    plan_only: bool = option(False, help="with max_memory: print the batch plan and exit")
+    memory_safety: float = option(CALIBRATION_SAFETY, help="with max_memory: keep the projected step under SIZE x "
+                                                           "this (projected / measured peak)")
 
     def __post_init__(self) -> None:
         if isinstance(self.spec_augment_config, dict):

@@ -229,11 +229,9 @@ class CheckOptions:
     ``--max-oov-fraction``."""
 
     validate_data: str = option("fast", choices=CHECK_MODES,
-                                help="before training, drop and report cuts that cannot be used (empty transcript, "
-                                     "words the tokenizer cannot spell, too short for the encoder, missing files); "
-                                     "full also decodes every feature/audio file")
-    max_oov_fraction: float = option(0.0, help="drop a training/dev cut when more than this share of its words lie "
-                                               "outside the tokenizer's vocabulary (they would train as <unk>)")
+                                help="drop and report unusable cuts before training; full also reads every file")
+    max_oov_fraction: float = option(0.0, help="drop a cut when more than this share of its words is out of "
+                                               "vocabulary")
 
 
 def check_splits(cuts: dict[str, Any], options: CheckOptions, tokenizer: Any, min_frames: int, *,

@@ -6,96 +6,55 @@ policy; :func:`decode_splits` decodes each split and writes, into the folder, ic
 ``recogs-<split>-<tag>.txt``, ``errs-<split>-<tag>.txt`` and one ``wer-summary-<tag>.json`` for all splits
 (``<tag>`` = method, epoch, avg, precision and the options that change results).
 
-What to decode is one :class:`DecodeConfig` (its fields are the recipes' decoding flags,
-:func:`add_decoding_args`), in the precision a
-:class:`~asrprec.precision.PrecisionOptions` names.
+What to decode is one :class:`DecodeConfig` (the ``decode`` section of a recipe's :class:`DecodingConfig`, read by
+:func:`decoding_command_line`), in the precision a :class:`~asrprec.precision.PrecisionOptions` names.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from torch import nn
 
-from asrprec.config import add_dataclass_args, dataclass_from_args, option
+from asrprec.config import ConfigError, option
 from asrprec.data.validate import CHECK_MODES
-
-from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES, COMPILE_REGIONS
-from asrprec.models.icefall import icefall_args_option, parse_icefall_source
+from asrprec.models.compile import CompileOptions
+from asrprec.models.icefall import parse_icefall_source
+from asrprec.models.weights import WeightsOptions
+from asrprec.precision import PrecisionOptions
 
 from .api import METHODS, DecodingOptions
 from .label_looping import DEFAULT_GREEDY_METHOD, GREEDY_METHODS
 
 
 @dataclass
-class DecodeConfig:
-    """Which weights of an experiment to decode, with which search (the recipes' ``decode.py`` flags)."""
+class DecodeConfig(WeightsOptions, CompileOptions):
+    """Which weights of an experiment to decode (:class:`~asrprec.models.weights.WeightsOptions`, shared with export), with
+    which search; compiled or not (:class:`~asrprec.models.compile.CompileOptions`, shared with training). The
+    ``decode`` section of a decode.py config."""
 
-    epoch: int | None = option(None, help="decode with epoch-N.pt (averaged with --avg); required unless --init-from")
-    init_from: str = option("", metavar="icefall:FILE",
-                            help="decode an icefall Zipformer checkpoint instead of the folder's (results go to "
-                                 "--exp-dir)")
-    icefall_args: str = icefall_args_option()
-    allow_nonfinite: bool = option(False, help="load checkpoints whose weights hold NaN or Inf (refused by default, "
-                                               "naming the tensor) with a warning, to debug a run that diverged")
-    avg: int = option(1, help="average the last AVG epoch checkpoints ending at --epoch")
-    use_averaged_model: bool = option(
-        False, help="decode with the mean of the weights sampled (every --average-period batches) after epoch "
-                    "EPOCH-AVG up to epoch EPOCH, from the running averages in the two checkpoints (icefall's "
-                    "--use-averaged-model), instead of the mean of the AVG epoch-end weights")
     validate_data: str = option("fast", choices=CHECK_MODES,
-                                help="leave out (and report) cuts the encoder cannot take or whose files are missing; "
-                                     "full also decodes every feature file first")
-    decoding_method: str = option("greedy_search", choices=METHODS,
-                                  help="greedy_search / modified_beam_search / malsd_batch (the batched ALSD beam "
-                                       "search, RNN-T and TDT) decode the transducer, ctc_greedy_search "
-                                       "/ ctc_prefix_beam_search the CTC head (a hybrid model takes all four)")
-    beam_size: int = option(4, help="modified_beam_search, malsd_batch and ctc_prefix_beam_search: hypotheses kept "
-                                    "per utterance")
-    max_sym_per_frame: int = option(1, help="at most this many tokens per encoder frame: greedy_search, and both "
-                                            "searches of a TDT model (NeMo's max_symbols)")
+                                help="leave out (and report) unusable cuts; full also reads every feature file")
+    decoding_method: str = option("greedy_search", choices=METHODS, help="the search (CTC methods need a CTC head)")
+    beam_size: int = option(4, help="beam searches: hypotheses kept per utterance")
+    max_sym_per_frame: int = option(1, help="at most this many tokens per encoder frame (NeMo's max_symbols)")
     greedy_method: str = option(DEFAULT_GREEDY_METHOD, choices=GREEDY_METHODS,
-                                help="greedy_search by label looping (asrprec.decoding.LabelLoopingGreedy: batched, "
-                                     "CUDA graphs on a GPU) or by frame looping (asrprec.decoding.greedy_search); the "
-                                     "same results. A TDT model: TdtLabelLoopingGreedy or tdt_greedy_search")
-    chunk_size: int | None = option(None, help="causal Zipformer only (required there): decode in chunks of this many "
-                                               "50 Hz frames (simulated streaming), or -1 for full context")
-    left_context_frames: int | None = option(None, help="causal Zipformer only: left context in 50 Hz frames for "
-                                                        "chunked decoding (-1 = all)")
-    streaming: bool = option(False, help="causal Zipformer only: decode as live streams, chunk by chunk with the "
-                                         "encoder's caches (icefall's streaming_decode.py), instead of simulating "
-                                         "streaming with a chunk mask; needs --chunk-size > 0 and a finite "
-                                         "--left-context-frames")
-    compile: bool = option(False, help="torch.compile the encoder (inductor): the same results; pays when the decoded "
-                                       "audio takes longer than the compile (docs/compile.md). Not with --streaming")
-    compile_dynamic: str = option("auto", choices=COMPILE_DYNAMIC,
-                                  help="--compile's shape handling: auto = a static graph, then a dynamic one at "
-                                       "the first new (B, T); true = dynamic from the first batch; false = a graph "
-                                       "per shape")
-    compile_mode: str = option("default", choices=COMPILE_MODES, help="--compile's torch.compile mode")
-    compile_regions: str = option("model", choices=COMPILE_REGIONS,
-                                  help="--compile's scope: model = the encoder whole; layers = its front-end and "
-                                       "each layer on their own (a shorter compile: docs/compile.md)")
+                                help="greedy_search by label looping (batched) or frame looping: the same results")
+    chunk_size: int | None = option(None, help="causal Zipformer: chunk in 50 Hz frames (-1 = full context)")
+    left_context_frames: int | None = option(None, help="causal Zipformer: left context in 50 Hz frames (-1 = all)")
+    streaming: bool = option(False, help="causal Zipformer: decode as live streams with the encoder's caches")
     tail_padding: float = option(0.0, metavar="SECONDS",
-                                 help="with --streaming: end each stream as a sherpa-onnx client does, with this much "
-                                      "silence appended to the audio (its examples: 0.66) and only whole chunks "
-                                      "decoded; features are then computed from the padded audio")
-    lm: str = option("", metavar="ARPA", help="shallow fusion with this n-gram LM (an ARPA file over the model's BPE "
-                                              "pieces, e.g. the recipe's prepare_lm.py output), weighted --lm-scale")
-    lm_scale: float = option(0.0, help="weight of --lm's log-probabilities added to non-blank tokens")
-    lodr: str = option("", metavar="ARPA", help="LODR: a low-order n-gram LM (ARPA, BPE pieces) whose score is "
-                                                "subtracted, weighted --lodr-scale (transducer searches)")
-    lodr_scale: float = option(0.0, help="weight of --lodr's log-probabilities subtracted from non-blank tokens")
-    hotwords: str = option("", metavar="FILE", help="phrases to boost, one a line (with each cut's own phrases "
-                                                    "from its manifest field --hotwords-field)")
-    hotword_score: float = option(0.0, help="bonus per token of a matched phrase (a partial match that is abandoned "
-                                            "gives it back)")
-    hotwords_field: str = option("hotwords", help="the cut (or supervision) custom field holding a cut's own "
-                                                  "phrases: a list of strings, or one string split at '|'")
+                                 help="with --streaming: silence appended to each stream (sherpa-onnx: 0.66)")
+    lm: str = option("", metavar="ARPA", help="shallow fusion with this n-gram LM over BPE pieces")
+    lm_scale: float = option(0.0, help="weight of --lm's log-probabilities")
+    lodr: str = option("", metavar="ARPA", help="LODR: a low-order n-gram LM whose score is subtracted")
+    lodr_scale: float = option(0.0, help="weight of --lodr's log-probabilities")
+    hotwords: str = option("", metavar="FILE", help="phrases to boost, one a line")
+    hotword_score: float = option(0.0, help="bonus per token of a matched phrase")
+    hotwords_field: str = option("hotwords", help="the cut's custom field holding its own phrases")
 
     def fusion(self, tokenizer) -> Any:
         """The :class:`asrprec.decoding.fusion.Fusion` these flags name, or None without --lm, --lodr, --hotwords
@@ -109,11 +68,8 @@ class DecodeConfig:
                                  hotword_score=self.hotword_score)
 
     def __post_init__(self) -> None:
-        if self.init_from and parse_icefall_source(self.init_from) is None:
-            raise ValueError(f"--init-from {self.init_from!r}: decode.py takes an icefall checkpoint as "
-                             "icefall:FILE; an asrprec run is decoded with --exp-dir and --epoch")
-        if self.epoch is None and not self.init_from:
-            raise ValueError("--epoch is required: the epoch-N.pt to decode (or --init-from icefall:FILE)")
+        WeightsOptions.__post_init__(self)
+        CompileOptions.__post_init__(self)
         if self.tail_padding and not self.streaming:
             raise ValueError("--tail-padding applies to --streaming decoding (it ends each live stream with silence)")
 
@@ -137,18 +93,36 @@ class DecodingSetup:
     min_input_frames: int = 1
 
 
-def add_decoding_args(p: argparse.ArgumentParser, **defaults: Any) -> None:
-    """One flag per :class:`DecodeConfig` field; ``defaults`` are the recipe's."""
-    add_dataclass_args(p, DecodeConfig, defaults=defaults)
+@dataclass
+class DecodingConfig:
+    """The config of a decode.py run: ``decode`` and ``precision``; a recipe subclasses it to add its own section
+    (data folder, splits, ...)."""
+
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    precision: PrecisionOptions = field(default_factory=PrecisionOptions)
 
 
-def decode_config_from_args(args: argparse.Namespace) -> DecodeConfig:
-    """The :class:`DecodeConfig` of the :func:`add_decoding_args` flags; an invalid combination exits like an
-    argparse error."""
-    try:
-        return dataclass_from_args(DecodeConfig, args)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+#: the plain flags of every recipe's decode.py (any other field: --section.field VALUE or a --config file)
+DECODE_FLAGS: tuple[str, ...] = (
+    "decode.epoch", "decode.avg", "decode.use_averaged_model", "decode.init_from", "decode.icefall_args",
+    "decode.allow_nonfinite", "decode.validate_data", "decode.decoding_method", "decode.beam_size",
+    "decode.max_sym_per_frame", "decode.chunk_size", "decode.left_context_frames", "decode.streaming",
+    "decode.compile", "decode.tail_padding", "decode.lm", "decode.lm_scale", "decode.lodr", "decode.lodr_scale",
+    "decode.hotwords", "decode.hotword_score", "precision.precision", "precision.device",
+)
+#: decoding's default over CompileOptions': a static graph first (a test set has few shapes per bucket)
+DECODE_DEFAULTS = {"decode": {"compile_dynamic": "auto"}}
+
+
+def decoding_command_line(cls: type = DecodingConfig, *, defaults: Mapping[str, Any] | None = None,
+                          extra_flags: Sequence[str | tuple[str, str]] = (), description: str | None = None) -> Any:
+    """The :class:`asrprec.cli.ConfigCommandLine` of a recipe's ``decode.py`` (:data:`DECODE_FLAGS` after the
+    recipe's ``extra_flags``; ``defaults`` over :data:`DECODE_DEFAULTS`)."""
+    from asrprec.cli import ConfigCommandLine
+    from asrprec.config import merge_layer
+
+    merged = merge_layer(cls, DECODE_DEFAULTS, dict(defaults or {}))
+    return ConfigCommandLine(cls, (*extra_flags, *DECODE_FLAGS), merged, description)
 
 
 def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> str:
@@ -157,8 +131,8 @@ def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> st
         tag = f"{cfg.decoding_method}-icefall-{Path(parse_icefall_source(cfg.init_from)).stem}-{precision}"
     else:
         tag = f"{cfg.decoding_method}-epoch-{cfg.epoch}-avg-{cfg.avg}-{precision}"
-    if cfg.use_averaged_model and not cfg.init_from:
-        tag += "-use-averaged-model"
+        if cfg.use_averaged_model:
+            tag += "-use-averaged-model"
     if cfg.decoding_method in ("modified_beam_search", "malsd_batch", "ctc_prefix_beam_search"):
         tag += f"-beam-{cfg.beam_size}"
     for flag, scale, name in ((cfg.lm, cfg.lm_scale, "lm"), (cfg.lodr, cfg.lodr_scale, "lodr"),
@@ -278,29 +252,35 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
     return summary
 
 
-def decode_from_args(args: Any, *, tokenizer_path: str | Path | Callable[[], str | Path],
-                     load_splits: Callable[[], Mapping[str, Any]], max_duration: float,
-                     on_the_fly_feats: bool = False) -> dict[str, dict[str, Any]]:
-    """A recipe's ``decode.py`` as one call: the model of ``args.exp_dir`` with the weights, search and precision
-    the flags name (:func:`add_decoding_args`, ``add_precision_args``), decoded on the splits
-    ``load_splits()`` returns, result files written into ``args.exp_dir``.
+def decode_experiment(cfg: DecodeConfig, precision: PrecisionOptions, *, exp_dir: str | Path,
+                      tokenizer_path: str | Path | Callable[[], str | Path],
+                      load_splits: Callable[[], Mapping[str, Any]], max_duration: float,
+                      on_the_fly_feats: bool = False) -> dict[str, dict[str, Any]]:
+    """A recipe's ``decode.py`` as one call: the model of ``exp_dir`` with the weights and search ``cfg`` names,
+    in ``precision``, decoded on the splits ``load_splits()`` returns, result files written into ``exp_dir``.
 
     Args:
-        args: the parsed flags. tokenizer_path: the sentencepiece model (or a callable giving it, called once the
-            model has loaded, so that a wrong ``--exp-dir`` is reported first).
+        cfg, precision: the ``decode`` and ``precision`` sections. exp_dir: the experiment folder.
+        tokenizer_path: the sentencepiece model (or a callable giving it, called once the model has loaded, so that
+            a wrong ``exp_dir`` is reported first); the folder's copy is used when it has one.
         load_splits: ``{split: CutSet}`` to decode. max_duration: seconds of audio per batch.
-        on_the_fly_feats: compute fbank from the audio (always so with ``--tail-padding``).
+        on_the_fly_feats: compute fbank from the audio (always so with ``tail_padding``).
+    Raises:
+        ConfigError: neither ``cfg.epoch`` nor an icefall checkpoint.
     """
+    from asrprec.cli import setup_logging
     from asrprec.data import AsrDataModule, DataConfig
-    from asrprec.tokenizer import Tokenizer
-    from asrprec.cli import precision_options_from_args, setup_logging
     from asrprec.experiment import experiment_tokenizer
+    from asrprec.tokenizer import Tokenizer
 
+    try:
+        cfg.require_weights("decode")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     setup_logging()
-    cfg = decode_config_from_args(args)
-    setup = load_for_decoding(args.exp_dir, cfg, precision_options_from_args(args))
+    setup = load_for_decoding(exp_dir, cfg, precision)
     print("weights:", setup.weights)
-    tokenizer = Tokenizer(experiment_tokenizer(args.exp_dir, tokenizer_path))  # the folder's copy when it has one
+    tokenizer = Tokenizer(experiment_tokenizer(exp_dir, tokenizer_path))  # the folder's copy when it has one
     cuts, padded = with_tail_padding(load_splits(), cfg)  # --tail-padding: the stream a sherpa-onnx client sends
     data = AsrDataModule(DataConfig(max_duration=max_duration, on_the_fly_feats=on_the_fly_feats or padded))
-    return decode_splits(setup, cuts, data.test_dataloader, tokenizer, cfg, args.exp_dir)
+    return decode_splits(setup, cuts, data.test_dataloader, tokenizer, cfg, exp_dir)

@@ -1,69 +1,70 @@
-"""A recipe's export command as one config: which weights of an experiment, offline or streaming, which variants.
-Each field is a flag (:func:`asrprec.config.add_dataclass_args`); a recipe's ``export.py`` only names its
-tokenizer and default folder."""
+"""A recipe's export command as one config: which weights of an experiment, offline or streaming, which variants
+(:class:`ExportConfig`, the ``export`` section read by :func:`exporting_command_line`); a recipe's ``export.py``
+only names its tokenizer and default folder."""
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
-from asrprec.config import option
-from asrprec.models.icefall import icefall_args_option, parse_icefall_source
+from asrprec.config import ConfigError, option
+from asrprec.models.icefall import parse_icefall_source
+from asrprec.models.weights import WeightsOptions
 
-__all__ = ["ExportConfig", "export_experiment"]
+__all__ = ["EXPORT_FLAGS", "ExportConfig", "ExportingConfig", "export_experiment", "exporting_command_line"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class ExportConfig:
-    """What :func:`export_experiment` writes."""
+class ExportConfig(WeightsOptions):
+    """What :func:`export_experiment` writes: which weights (:class:`~asrprec.models.weights.WeightsOptions`, shared with
+    decoding), offline or streaming, which variants."""
 
-    exp_dir: str = option(help="the experiment folder training wrote")
-    epoch: int | None = option(None, help="export epoch-N.pt (averaged with --avg); required unless --init-from")
-    init_from: str = option("", metavar="icefall:FILE", help="export an icefall Zipformer checkpoint instead of the "
-                                                             "folder's")
-    icefall_args: str = icefall_args_option()
-    allow_nonfinite: bool = option(False, help="load checkpoints whose weights hold NaN or Inf (refused by default, "
-                                               "naming the tensor) with a warning, to debug a run that diverged")
-    avg: int = option(1, help="average the last AVG epoch checkpoints ending at --epoch")
-    use_averaged_model: bool = option(False, help="the running average of the weights over those epochs (as "
-                                                  "decode.py)")
-    out_dir: str | None = option(None, help="where the files go (default: a folder in --exp-dir named after the "
-                                            "weights)")
-    streaming: bool = option(False, help="causal Zipformer: export a streaming encoder (sherpa-onnx "
-                                         "OnlineRecognizer)")
-    chunk_size: int | None = option(None, help="50 Hz frames per chunk; one the causal model was trained with "
-                                               "(needed for --streaming; without --streaming it exports simulated "
-                                               "streaming, -1 = full context)")
-    left_context_frames: int | None = option(None, help="left context in 50 Hz frames; one the causal model was "
-                                                        "trained with")
+    exp_dir: str = option(help="the experiment folder training wrote", kw_only=True)
+    out_dir: str | None = option(None, help="where the files go (default: a folder in --exp-dir named after them)")
+    streaming: bool = option(False, help="causal Zipformer: a streaming encoder (sherpa-onnx OnlineRecognizer)")
+    chunk_size: int | None = option(None, help="50 Hz frames per chunk, one the causal model was trained with")
+    left_context_frames: int | None = option(None, help="left context in 50 Hz frames, one it was trained with")
     int8: bool = option(False, help="also write the int8 (dynamically quantised) variant")
     fp16: bool = option(False, help="also write the fp16 variant (float32 inputs and outputs)")
-    ctc: bool = option(False, help="a hybrid (transducer + CTC) model: also export its CTC head as model.onnx "
-                                   "(sherpa-onnx's zipformer CTC recognisers); a CTC-only model always exports it")
+    ctc: bool = option(False, help="a hybrid model: also export its CTC head as model.onnx")
 
     def __post_init__(self) -> None:
-        if self.init_from and parse_icefall_source(self.init_from) is None:
-            raise ValueError(f"--init-from {self.init_from!r}: export.py takes an icefall checkpoint as icefall:FILE; "
-                             "an asrprec run is exported with --exp-dir and --epoch")
-        if self.epoch is None and not self.init_from:
-            raise ValueError("--epoch is required: the epoch-N.pt to export (or --init-from icefall:FILE)")
+        super().__post_init__()
         if self.streaming and (self.chunk_size is None or self.left_context_frames is None):
             raise ValueError("--streaming needs --chunk-size and --left-context-frames (values the model was "
                              "trained with, e.g. --chunk-size 32 --left-context-frames 128)")
 
     def tag(self) -> str:
-        if self.init_from:
-            tag = f"icefall-{Path(parse_icefall_source(self.init_from)).stem}"
-        else:
-            tag = f"epoch-{self.epoch}-avg-{self.avg}" + ("-use-averaged-model" if self.use_averaged_model else "")
+        tag = self.weights_tag()
         if self.streaming:
             tag += f"-streaming-chunk-{self.chunk_size}-left-{self.left_context_frames}"
         return tag
+
+
+@dataclass
+class ExportingConfig:
+    """The config of an export.py run: the ``export`` section; a recipe subclasses it to add its own."""
+
+    export: ExportConfig = field(default_factory=lambda: ExportConfig(exp_dir="exp"))
+
+
+#: the plain flags of every recipe's export.py
+EXPORT_FLAGS = tuple(f"export.{name}" for name in (
+    "exp_dir", "epoch", "avg", "use_averaged_model", "init_from", "icefall_args", "allow_nonfinite", "out_dir",
+    "streaming", "chunk_size", "left_context_frames", "int8", "fp16", "ctc"))
+
+
+def exporting_command_line(cls: type = ExportingConfig, *, defaults: Mapping[str, Any] | None = None,
+                           extra_flags: Sequence[str | tuple[str, str]] = (), description: str | None = None) -> Any:
+    """The :class:`asrprec.cli.ConfigCommandLine` of a recipe's ``export.py``."""
+    from asrprec.cli import ConfigCommandLine
+
+    return ConfigCommandLine(cls, (*extra_flags, *EXPORT_FLAGS), dict(defaults or {}), description)
 
 
 def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
@@ -74,6 +75,10 @@ def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
     ``--exp-dir`` is reported before a missing tokenizer)."""
     from . import convert_fp16, export_offline, export_streaming, load_experiment_model, quantize_int8
 
+    try:
+        cfg.require_weights("export")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     icefall = parse_icefall_source(cfg.init_from)
     if icefall is not None:
         from asrprec.models.icefall import load_icefall

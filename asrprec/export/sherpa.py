@@ -12,14 +12,15 @@ bad model run :func:`main` in a child process::
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from asrprec._optional import require
+from asrprec.config import option
 
 SAMPLE_RATE = 16000
 #: silence appended to a stream before ``input_finished`` so its last frames are decoded, as sherpa-onnx's examples
@@ -106,21 +107,28 @@ def recognize(model_dir: Path | str, waves: Sequence[np.ndarray], *, streaming: 
     return results
 
 
+@dataclass
+class _Job:
+    """The child process's command line (``python -m asrprec.export.sherpa``)."""
+
+    model_dir: str = option(help="the exported files")
+    waves: str = option(help="an .npz of 16 kHz float32 arrays")
+    out: str = option(help="where the JSON of token ids goes")
+    variant: Optional[str] = option(None, help="int8 or fp16: encoder.int8.onnx ...")
+    streaming: bool = option(False, help="OnlineRecognizer instead of OfflineRecognizer")
+    ctc: bool = option(False, help="decode the CTC export model.onnx")
+    batch: int = option(8, help="streams per decode_streams call")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-dir", type=Path, required=True)
-    p.add_argument("--variant", default=None, help="int8 or fp16: encoder.int8.onnx ...")
-    p.add_argument("--streaming", action="store_true")
-    p.add_argument("--ctc", action="store_true", help="decode the CTC export model.onnx")
-    p.add_argument("--waves", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--batch", type=int, default=8)
-    args = p.parse_args(argv)
-    data = np.load(args.waves)
+    from asrprec.cli import parse_flat
+
+    job = parse_flat(_Job, argv, description=__doc__)
+    data = np.load(job.waves)
     names = list(data.files)
-    ids = recognize(args.model_dir, [data[n] for n in names], streaming=args.streaming, variant=args.variant,
-                    batch=args.batch, ctc=args.ctc)
-    args.out.write_text(json.dumps(dict(zip(names, ids))))
+    ids = recognize(job.model_dir, [data[n] for n in names], streaming=job.streaming, variant=job.variant,
+                    batch=job.batch, ctc=job.ctc)
+    Path(job.out).write_text(json.dumps(dict(zip(names, ids))))
 
 
 if __name__ == "__main__":

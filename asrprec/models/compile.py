@@ -16,17 +16,20 @@ compile the module DDP wraps, not the wrapper), and ``asrprec.export`` reads the
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 from torch import nn
+
+from asrprec.config import option
 
 from .unwrap import unwrap_model
 from .schedule import hold_schedules_in_graph
 from .tracing import compiled_regions
 
 __all__ = ["COMPILE_DYNAMIC", "COMPILE_MODES", "COMPILE_PARTS", "COMPILE_REGIONS", "COMPILE_SCHEDULES",
-           "compile_model", "compiled_graph_count", "compiled_regions", "prepare_for_tracing", "recompile_limit_hits"]
+           "CompileOptions", "compile_model", "compiled_graph_count", "compiled_regions", "prepare_for_tracing", "recompile_limit_hits"]
 
 #: the parts :func:`compile_model` can compile
 COMPILE_PARTS = ("encoder", "joiner")
@@ -47,6 +50,27 @@ COMPILE_REGIONS = ("model", "layers")
 #: zero rates' masks are still drawn, so the torch random stream departs from eager mode's)
 COMPILE_SCHEDULES = ("constant", "tensor")
 
+
+
+@dataclass
+class CompileOptions:
+    """torch.compile of the encoder, shared by training and decoding (one declaration, one set of defaults); the
+    why of each choice is in docs/compile.md."""
+
+    compile: bool = option(False, help="torch.compile the encoder (same results; pays on long runs)")
+    compile_dynamic: str = option("true", choices=COMPILE_DYNAMIC,
+                                  help="shapes: true = symbolic (B, T); auto = static first; false = a graph per shape")
+    compile_mode: str = option("default", choices=COMPILE_MODES, help="torch.compile's mode")
+    compile_regions: str = option("model", choices=COMPILE_REGIONS,
+                                  help="model = the encoder whole; layers = each layer on its own (shorter compile)")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.compile_dynamic, bool):  # config.json of a run made when the flag was a switch
+            self.compile_dynamic = "true" if self.compile_dynamic else "auto"
+        for name, allowed in (("compile_dynamic", COMPILE_DYNAMIC), ("compile_mode", COMPILE_MODES),
+                              ("compile_regions", COMPILE_REGIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
 def _dynamic_arg(dynamic: str) -> Optional[bool]:
     if dynamic not in COMPILE_DYNAMIC:

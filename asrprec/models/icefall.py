@@ -69,8 +69,7 @@ def icefall_args_option() -> Any:
     """The ``--icefall-args`` field of the train, decode and export configs (one declaration, one help text)."""
     from asrprec.config import option
 
-    return option("", metavar="JSON", help="with icefall:FILE: icefall's train.py flags (a JSON file or object) for a "
-                                           "pretrained.pt, which holds weights only")
+    return option("", metavar="JSON", help="with icefall:FILE: icefall's train.py flags (JSON file or object)")
 
 
 def parse_icefall_source(text: str) -> str | None:

@@ -8,12 +8,10 @@ Head and objective names follow icefall's ``zipformer/train.py`` flags (k2-fsa/i
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 from typing import Any
 
-from asrprec.config import option
+from asrprec.config import json_dict, option
 
 from .builders import ENCODERS, build_transducer, resolved_encoder_overrides
 from .ctc import CtcConfig
@@ -22,23 +20,13 @@ from .transducer import JOINT_MODES, LOSSES, TDT_AUX, LossConfig
 __all__ = ["ModelOptions", "build_model"]
 
 
-def _json_dict(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({e}); write e.g. '{{\"dropout\": 0.0}}'") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object of preset fields, got {type(value).__name__}")
-    return value
-
-
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 16,32,64,-1, got {text!r}") from None
+        raise ValueError(f"expected comma-separated integers such as 16,32,64,-1, got {text!r}") from None
     if any(v == 0 or v < -1 for v in values):
-        raise argparse.ArgumentTypeError(f"entries must be positive or -1 (full context), got {text!r}")
+        raise ValueError(f"entries must be positive or -1 (full context), got {text!r}")
     return values
 
 
@@ -46,13 +34,10 @@ def _duration_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated frame counts such as 0,1,2,3,4, got {text!r}") from None
+        raise ValueError(f"expected comma-separated frame counts such as 0,1,2,3,4, got {text!r}") from None
     from asrprec.losses.tdt import validate_durations
 
-    try:
-        return validate_durations(values)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    return validate_durations(values)
 
 
 @dataclasses.dataclass
@@ -61,58 +46,41 @@ class ModelOptions:
     with the pruned RNN-T loss), as :func:`asrprec.models.build_transducer`'s."""
 
     encoder: str = option("zipformer", choices=ENCODERS, help="encoder family")
-    size: str = option("tiny", help="encoder preset: tiny, small, ... (see asrprec.models)")
+    size: str = option("tiny", help="encoder preset: tiny, small, medium, large (see asrprec.models)")
     encoder_overrides: dict = option(
-        default_factory=dict, parse=_json_dict, metavar="JSON",
-        help='override preset fields, e.g. \'{"dropout": 0.0, "layer_dropout": 0.0}\' (Conformer) or '
-             '\'{"frontend_channels": [8, 32, 128]}\' (Zipformer)')
+        default_factory=dict, parse=json_dict, metavar="JSON",
+        help='preset fields to override, e.g. {"dropout": 0.0} (Conformer), {"frontend_channels": [8, 32, 128]}')
     # streaming-capable Zipformer (icefall zipformer/train.py --causal 1 --chunk-size ... --left-context-frames ...)
-    causal: bool = option(False, help="Zipformer: causal, streaming-capable model trained on chunks (decode with "
-                                      "--chunk-size)")
+    causal: bool = option(False, help="causal Zipformer trained on chunks (streaming-capable)")
     chunk_size: tuple[int, ...] | None = option(
         None, parse=_int_list, metavar="N,N,...",
-        help="causal Zipformer: chunk sizes in 50 Hz frames, one drawn per batch (default 16,32,64,-1; -1 = full "
-             "context)")
+        help="causal: chunk sizes in 50 Hz frames, one drawn per batch (default 16,32,64,-1; -1 = full context)")
     left_context_frames: tuple[int, ...] | None = option(
         None, parse=_int_list, metavar="N,N,...",
-        help="causal Zipformer: left contexts in 50 Hz frames, one drawn per batch (default 64,128,256,-1)")
+        help="causal: left contexts in 50 Hz frames, one drawn per batch (default 64,128,256,-1)")
     context_size: int = option(2, help="the stateless decoder's context: how many previous tokens it sees")
-    loss: str = option("pruned", choices=LOSSES,
-                       help="full: exact RNN-T; pruned: k2-style pruned RNN-T (simple loss + band of --prune-range); "
-                            "tdt: token-and-duration transducer (the joiner also predicts --tdt-durations)")
+    loss: str = option("pruned", choices=LOSSES, help="full RNN-T, k2-style pruned RNN-T, or TDT")
     tdt_durations: tuple[int, ...] = option((0, 1, 2, 3, 4), parse=_duration_list, metavar="N,N,...",
-                                            help="--loss tdt: the frames an emission may advance (NeMo's durations)")
-    tdt_sigma: float = option(0.0, help="--loss tdt: logit under-normalisation subtracted from token log-probs "
-                                        "(NeMo's sigma)")
-    tdt_omega: float = option(0.0, help="--loss tdt: probability of the plain RNN-T loss on the token logits "
-                                        "instead (NeMo's omega)")
-    tdt_aux: str = option("simple", choices=TDT_AUX,
-                          help="--loss tdt: add the pruned loss's smoothed simple loss (warmed up as there), or none")
+                                            help="TDT: the frames an emission may advance (NeMo's durations)")
+    tdt_sigma: float = option(0.0, help="TDT: logit under-normalisation (NeMo's sigma)")
+    tdt_omega: float = option(0.0, help="TDT: probability of the plain RNN-T loss instead (NeMo's omega)")
+    tdt_aux: str = option("simple", choices=TDT_AUX, help="TDT: add the pruned loss's smoothed simple loss, or none")
     joint_mode: str = option("full", choices=JOINT_MODES,
-                             help="lean: exact loss computed tile by tile without materialising (B,T,U+1,V) logits")
-    loss_backend: str = option("auto", help="rnnt_loss backend (see asrprec.losses.available_backends)")
-    prune_range: int = option(5, help="pruned loss: the band of symbols kept per frame")
-    loss_warmup_batches: int = option(2000, help="pruned loss: batches over which the simple/pruned loss scales "
-                                                 "ramp (icefall warm_step)")
+                             help="lean: the exact loss tile by tile, never holding (B, T, U+1, V) logits")
+    loss_backend: str = option("auto", help="rnnt_loss backend (asrprec.losses.available_backends)")
+    prune_range: int = option(5, help="pruned loss: symbols kept per frame")
+    loss_warmup_batches: int = option(2000, help="pruned loss: batches over which its two scales ramp (icefall's "
+                                                 "warm_step)")
     # heads and objectives, named as icefall's zipformer/train.py names them
-    use_transducer: bool = option(True, takes_value=True,
-                                  help="the transducer head (decoder + joiner); false with --use-ctc trains a "
-                                       "CTC-only model")
-    use_ctc: bool = option(False, takes_value=True,
-                           help="a CTC head on the encoder (beside the transducer, or alone with --use-transducer "
-                                "false)")
+    use_transducer: bool = option(True, takes_value=True, help="the transducer head (false + --use-ctc: CTC only)")
+    use_ctc: bool = option(False, takes_value=True, help="a CTC head on the encoder")
     ctc_loss_scale: float | None = option(
-        None, help="weight of the CTC loss (default: icefall's recipes' value: 1.0 alone, 0.2 beside a transducer, "
-                   "0.1 beside a transducer with --use-cr-ctc)")
-    use_cr_ctc: bool = option(False, takes_value=True,
-                              help="consistency-regularised CTC (arXiv 2410.05101): two SpecAugment views per "
-                                   "utterance, masked by the model (the data module's SpecAugment is then off); "
-                                   "needs --use-ctc")
+        None, help="CTC loss weight (default: 1.0 alone, 0.2 beside a transducer, 0.1 with CR-CTC)")
+    use_cr_ctc: bool = option(False, takes_value=True, help="consistency-regularised CTC (needs --use-ctc)")
     cr_loss_scale: float | None = option(
-        None, help="weight of CR-CTC's consistency term (default: 0.2 alone, 0.02 beside a transducer)")
+        None, help="CR-CTC consistency weight (default: 0.2 alone, 0.02 beside a transducer)")
     time_mask_ratio: float | None = option(
-        None, help="CR-CTC's time masking relative to the usual SpecAugment: int(10*r) masks over at most 0.15*r of "
-                   "the frames (default 2.5)")
+        None, help="CR-CTC time masking relative to SpecAugment's (default 2.5)")
 
     def ctc_config(self, time_warp_factor: int | None = None) -> CtcConfig | None:
         """The :class:`CtcConfig` of the CTC options (``time_warp_factor``: CR-CTC's warping, a recipe's SpecAugment
@@ -204,3 +172,4 @@ def build_model(options: ModelOptions, vocab_size: int, blank_id: int = 0, *, ti
     if model.ctc_config is not None:
         model_config["ctc"] = dataclasses.asdict(model.ctc_config)
     return model, model_config
+

@@ -3,7 +3,7 @@ torchrun."""
 
 from asrprec.devices import get_rank, get_world_size, is_main_process
 
-from .config import TrainConfig
+from .config import TrainConfig, TrainingConfig
 from .distributed import DistributedEnv, RankFailedError, setup_distributed, teardown_distributed
 from .optimizers import optimizer_from_config, scheduler_from_config
 from asrprec.rng import seed_everything
@@ -11,14 +11,15 @@ from asrprec.rng import seed_everything
 from asrprec.experiment import ExperimentError, prepare_experiment, read_model_config
 from .forward import compute_loss, pad_targets
 from .loop import train, validate
-from .recipe import train_from_args
+from .recipe import train_experiment
 from .preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 from .resume import ResumeMismatchError, TrainState
 from .skips import TooManySkippedBatches
 
 __all__ = [
     "PREEMPTED_EXIT_CODE", "DistributedEnv", "ExperimentError", "RankFailedError", "ResumeMismatchError", "TooManySkippedBatches",
-    "TrainConfig", "TrainState", "TrainingPreempted", "compute_loss", "get_rank", "get_world_size", "is_main_process",
+    "TrainConfig", "TrainState", "TrainingConfig", "TrainingPreempted", "compute_loss", "get_rank", "get_world_size",
+    "is_main_process",
     "optimizer_from_config", "pad_targets", "prepare_experiment", "read_model_config", "scheduler_from_config",
-    "seed_everything", "setup_distributed", "teardown_distributed", "train", "train_from_args", "validate",
+    "seed_everything", "setup_distributed", "teardown_distributed", "train", "train_experiment", "validate",
 ]

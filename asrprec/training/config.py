@@ -1,120 +1,80 @@
-"""Typed training configuration (a dataclass; unknown keys are an error)."""
+"""Typed training configuration: :class:`TrainConfig` (the loop's section; unknown keys are an error) and
+:class:`TrainingConfig`, the config of a whole run (model, precision, data, train, checks), which a recipe extends
+with its own section and reads from flags and YAML files (:func:`training_command_line`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
 
 from asrprec.config import option, strict_from_dict
+from asrprec.data import CheckOptions, DataConfig
+from asrprec.models import ModelOptions
+from asrprec.models.compile import COMPILE_SCHEDULES, CompileOptions
 from asrprec.models.icefall import icefall_args_option
-from asrprec.models.compile import COMPILE_DYNAMIC, COMPILE_MODES, COMPILE_REGIONS, COMPILE_SCHEDULES
+from asrprec.precision import PrecisionOptions
 
 OPTIMIZERS = ("scaled_adam", "adamw")
 SCAN_OOM_MODES = ("auto", "on", "off")
 
 
 @dataclass
-class TrainConfig:
-    """Everything the training loop needs besides the model, data and policy; each field is a flag of
-    :func:`asrprec.training.cli.add_training_args`.
+class TrainConfig(CompileOptions):
+    """Everything the training loop needs besides the model, data and policy (the ``train`` section). The compile
+    fields it shares with decoding are :class:`~asrprec.models.compile.CompileOptions`'; the why of each field is
+    in docs/configuration.md.
 
     The learning-rate schedule is Eden (:mod:`asrprec.training.optimizers`) for both optimizers.
     """
 
-    exp_dir: str = option(help="the experiment folder: checkpoints, train.log, tensorboard/, config.json, "
-                               "model.json, history.json")
+    exp_dir: str = option(help="the experiment folder (checkpoints, logs, config.yaml, model.json)", kw_only=True)
     num_epochs: int = option(10, help="train up to and including this epoch")
     start_epoch: int = option(1, help="resume from epoch-(N-1).pt")
     start_batch: int = option(0, help="resume mid-epoch from checkpoint-N.pt")
     resume: str = option("", metavar="auto|latest|FILE",
-                         help="resume from the newest complete checkpoint in --exp-dir (latest) or from FILE; the "
-                              "resumed run continues exactly where the checkpoint was written. auto: as latest if "
-                              "there is a complete checkpoint, else start a new run (one command line for the first "
-                              "start and every restart by torchrun --max-restarts or a requeue)")
+                         help="resume: the newest checkpoint (latest), FILE, or latest if any (auto)")
     init_from: str = option("", metavar="FILE|icefall:FILE",
-                            help="fine-tune from FILE's weights (epoch-N.pt / checkpoint-N.pt of a run with this "
-                                 "architecture), or from an icefall Zipformer checkpoint (icefall:FILE, whose "
-                                 "architecture replaces the model flags); new optimizer and schedule")
+                            help="fine-tune from FILE's weights or an icefall checkpoint (new optimizer)")
     icefall_args: str = icefall_args_option()
-    allow_nonfinite: bool = option(False, help="--init-from and --resume: load checkpoints whose weights hold NaN or "
-                                               "Inf (refused by default, naming the tensor) with a warning, to debug a "
-                                               "run that diverged")
-    overwrite: bool = option(False, help="start a new run in an --exp-dir that holds another run's checkpoints "
-                                         "(deleting them), or resume from an older checkpoint (deleting the newer "
-                                         "ones)")
-    max_skipped_fraction: float = option(
-        0.1, help="stop with an error (after a checkpoint) when more than this share of an epoch's batches is "
-                  "skipped (unreadable data, non-finite loss); an epoch without a trained batch always stops")
+    allow_nonfinite: bool = option(False, help="load checkpoints holding NaN or Inf weights (to debug a divergence)")
+    overwrite: bool = option(False, help="delete another run's checkpoints in --exp-dir (or newer ones on resume)")
+    max_skipped_fraction: float = option(0.1, help="stop when more than this share of an epoch's batches is skipped")
     optimizer: str = option("scaled_adam", choices=OPTIMIZERS, help="ScaledAdam (icefall's) or AdamW")
     base_lr: float = option(0.045, help="Eden's base learning rate")
     weight_decay: float = option(0.0, help="AdamW's weight decay (ScaledAdam has none)")
     lr_batches: float = option(7500.0, help="Eden: the (adjusted) batch count over which the rate decays")
     lr_epochs: float = option(3.5, help="Eden: the epoch count over which the rate decays")
     warmup_batches: int = option(500, help="Eden: linear warm-up over this many (adjusted) batches")
-    ref_duration: float = option(
-        0.0, help="seconds of audio one schedule batch stands for (icefall: 600); 0 = the per-rank "
-                  "--max-duration (asrprec.training.schedules.schedule_batches_per_step explains the adjusted count)")
-    encoder_schedule_scale: float = option(
-        1.0, help="the encoder's own schedules (Zipformer dropout, layer skipping, balancers) see the adjusted batch "
-                  "count x this; a tiny corpus trained for ~1,500 batches wants > 1")
+    ref_duration: float = option(0.0, help="seconds of audio one schedule batch stands for (icefall: 600; 0 = "
+                                           "--max-duration)")
+    encoder_schedule_scale: float = option(1.0, help="the encoder's own schedules see the adjusted batch count x "
+                                                     "this")
     grad_clip: float = option(0.0, help="global-norm clipping for AdamW; 0 = off (ScaledAdam clips by itself)")
     log_interval: int = option(20, help="batches between log lines")
     valid_interval: int = option(0, help="batches between validations; 0 = at the end of each epoch only")
     save_every_n: int = option(0, help="batches between mid-epoch checkpoints; 0 = epoch checkpoints only")
     keep_last_k: int = option(5, help="mid-epoch checkpoints kept; 0 = all")
-    average_period: int = option(
-        200, help="keep a running mean of the weights every N batches in each checkpoint, for decoding with "
-                  "--use-averaged-model (icefall's model_avg); 0 = off")
+    average_period: int = option(200, help="batches between samples of the weights' running average; 0 = off")
     max_batches_per_epoch: int = option(0, help="end each epoch after this many batches; 0 = the whole epoch")
     seed: int = option(42, help="random seed (rank r uses seed + r)")
+    threads: int = option(0, help="torch threads (0 = torch's default)")
     tensorboard: bool = option(True, help="write tensorboard logs (under --exp-dir)")
     progress_bar: bool = option(True, help="show a progress bar per epoch")
-    scan_oom: str = option(
-        "auto", choices=SCAN_OOM_MODES,
-        help="before the first epoch, run forward+backward on the riskiest batches (longest cut, most audio, most "
-             "cuts ...) so a --max-duration that does not fit fails at once with the fix; auto = on CUDA only")
-    compile: bool = option(
-        False, help="torch.compile the encoder (inductor) in place: every precision policy, DDP and checkpoints as "
-                    "without it. Pays on runs much longer than the compile time (docs/compile.md)")
-    compile_dynamic: str = option(
-        "true", choices=COMPILE_DYNAMIC,
-        help="with --compile: true = symbolic (B, T) from the first batch, one graph for every shape the bucketing "
-             "sampler makes; auto = torch's default, a static graph first and a dynamic one at the first new shape; "
-             "false = a graph per shape")
-    compile_joiner: bool = option(False, help="with --compile: also compile the joiner (the loss's logits)")
-    compile_regions: str = option(
-        "model", choices=COMPILE_REGIONS,
-        help="with --compile: model = the encoder as one compiled function (the fastest steps); layers = its "
-             "front-end and each layer on their own, layers of one shape sharing their code: a compile several "
-             "times shorter for deep models, at some of the step's speed-up (docs/compile.md)")
-    compile_schedules: str = option(
-        "constant", choices=COMPILE_SCHEDULES,
-        help="with --compile: constant = a Zipformer schedule (dropout, skip rates, balancer limits) that has reached "
-             "its last point is compiled in as a constant, each settling compiling the model again once; tensor = "
-             "schedules stay run-time tensors, so settling compiles nothing, but rates that settled at 0 still draw "
-             "their (keep-all) masks and the random stream departs from an eager run's (docs/compile.md)")
-    compile_recompile_limit: int = option(
-        24, help="with --compile: graphs each compiled function of the model may have before it runs eager. Early in "
-                 "training the Zipformer specialises on schedules that settle, validation, one-utterance batches "
-                 "(bounded, but past torch's default of 8 in the embedded recipe); the epoch log names any function "
-                 "that reaches it")
-    compile_optimizer: bool = option(
-        False, help="with --compile: also compile ScaledAdam's update, one graph over every parameter (minutes more "
-                    "compile; it pays where the per-tensor update costs much of a step: docs/compile.md)")
-    compile_backend: str = option(
-        "inductor", help="with --compile: the torch.compile backend. aot_eager traces forward and backward as inductor "
-                         "does but runs eager kernels: a quick check that a model compiles and trains as in eager "
-                         "mode before paying for inductor's code generation")
-    compile_mode: str = option("default", choices=COMPILE_MODES,
-                               help="with --compile: torch.compile's mode (max-autotune-no-cudagraphs: a longer "
-                                    "compile that tries more GPU kernel configurations)")
-    preempt_signals: tuple[str, ...] = option(
-        ("SIGTERM", "SIGUSR1"), metavar="SIG,SIG,...",
-        help="on one of these signals (SLURM --signal, Kubernetes before it kills a pod) every rank stops at the next "
-             "step boundary, rank 0 writes a checkpoint at that batch and the process exits with code 75; the same "
-             "command with --resume auto continues exactly. Empty = none")
+    scan_oom: str = option("auto", choices=SCAN_OOM_MODES,
+                           help="run the riskiest batches before the first epoch; auto = on CUDA only")
+    compile_joiner: bool = option(False, help="with compile: also compile the joiner")
+    compile_schedules: str = option("constant", choices=COMPILE_SCHEDULES,
+                                    help="with compile: settled Zipformer schedules as constants or tensors")
+    compile_recompile_limit: int = option(24, help="with compile: graphs per compiled function before it runs eager")
+    compile_optimizer: bool = option(False, help="with compile: also compile ScaledAdam's update")
+    compile_backend: str = option("inductor", help="with compile: torch.compile's backend (aot_eager: a quick check)")
+    preempt_signals: tuple[str, ...] = option(("SIGTERM", "SIGUSR1"), metavar="SIG,SIG,...",
+                                              help="signals that stop at a step boundary with a checkpoint (exit 75)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 = torch's default), got {self.threads}")
         if self.ref_duration < 0:
             raise ValueError(f"ref_duration must be >= 0 seconds (0 = this run's max_duration), got {self.ref_duration}")
         if not self.encoder_schedule_scale > 0:
@@ -124,12 +84,6 @@ class TrainConfig:
         if self.compile_optimizer and self.optimizer != "scaled_adam":
             raise ValueError(f"compile_optimizer compiles ScaledAdam's update, and the optimizer is {self.optimizer!r}; "
                              "fix: --optimizer scaled_adam, or leave --compile-optimizer off")
-        if isinstance(self.compile_dynamic, bool):  # config.json of a run made when the flag was a switch
-            self.compile_dynamic = "true" if self.compile_dynamic else "auto"
-        if self.compile_dynamic not in COMPILE_DYNAMIC:
-            raise ValueError(f"compile_dynamic must be one of {COMPILE_DYNAMIC}, got {self.compile_dynamic!r}")
-        if self.compile_regions not in COMPILE_REGIONS:
-            raise ValueError(f"compile_regions must be one of {COMPILE_REGIONS}, got {self.compile_regions!r}")
         if self.compile_schedules not in COMPILE_SCHEDULES:
             raise ValueError(f"compile_schedules must be one of {COMPILE_SCHEDULES}, got {self.compile_schedules!r}")
         if self.scan_oom not in SCAN_OOM_MODES:
@@ -166,3 +120,47 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class TrainingConfig:
+    """The config of a training run, one section per concern; a recipe subclasses it to add its own section (the
+    dataset's choices). ``data.seed`` follows ``train.seed`` (:data:`DERIVED`)."""
+
+    model: ModelOptions = field(default_factory=ModelOptions)
+    precision: PrecisionOptions = field(default_factory=PrecisionOptions)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(exp_dir="exp"))
+    checks: CheckOptions = field(default_factory=CheckOptions)
+
+    def __post_init__(self) -> None:
+        if self.data.seed != self.train.seed:
+            from dataclasses import replace
+
+            self.data = replace(self.data, seed=self.train.seed)
+
+
+#: config keys set from others: the data sampler's seed is the run's
+DERIVED = {"data.seed": "train.seed"}
+
+#: the plain flags of every recipe's train.py (any other field: --section.field VALUE or a --config file)
+TRAIN_FLAGS: tuple[str, ...] = (
+    "precision.precision", "precision.device", "precision.bf16_update",
+    "model.encoder", "model.size", "model.causal", "model.loss", "model.use_transducer", "model.use_ctc",
+    "model.use_cr_ctc",
+    "data.max_duration", "data.num_buckets", "data.num_workers", "data.on_the_fly_feats", "data.max_memory",
+    "data.plan_only",
+    "train.exp_dir", "train.num_epochs", "train.resume", "train.init_from", "train.icefall_args", "train.overwrite",
+    "train.seed", "train.threads", "train.base_lr", "train.compile",
+    "checks.validate_data",
+)
+
+
+def training_command_line(cls: type = TrainingConfig, *, defaults: Mapping[str, Any] | None = None,
+                          extra_flags: Sequence[str | tuple[str, str]] = (), description: str | None = None) -> Any:
+    """The :class:`asrprec.cli.ConfigCommandLine` of a recipe's ``train.py``: ``cls`` (a :class:`TrainingConfig`,
+    or a subclass with the recipe's section), its ``defaults`` (nested dict), :data:`TRAIN_FLAGS` and the recipe's
+    ``extra_flags``."""
+    from asrprec.cli import ConfigCommandLine
+
+    return ConfigCommandLine(cls, (*extra_flags, *TRAIN_FLAGS), dict(defaults or {}), description, DERIVED)

@@ -11,44 +11,55 @@ recipes/librispeech/decode.py.
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from asrprec.cli import run_main
+from asrprec.config import option
 from asrprec.data import load_cuts
 from asrprec.data.corpora import PreparedData
 from asrprec.data.sources import prepared_splits
-from asrprec.decoding.experiment import add_decoding_args, decode_from_args
-from asrprec.training.cli import add_precision_args, run_main
+from asrprec.decoding.experiment import DecodingConfig, decode_experiment, decoding_command_line
 
 HERE = Path(__file__).resolve().parent
 
 
-def get_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=HERE / "data")
-    p.add_argument("--exp-dir", type=Path, default=HERE / "exp" / "default")
-    p.add_argument("--vocab-size", type=int, default=500,
-                   help="the tokenizer prepare.py made with this --vocab-size: <data-dir>/lang_bpe_<N>/bpe.model")
-    p.add_argument("--bpe-model", type=Path, default=None, help="another tokenizer file (instead of --vocab-size)")
-    p.add_argument("--max-duration", type=float, default=600.0)
-    p.add_argument("--splits", nargs="+", default=None, help="splits to decode (default: every test split)")
-    p.add_argument("--on-the-fly-feats", action="store_true", help="compute fbank from the audio")
-    add_decoding_args(p)
-    add_precision_args(p)
-    return p
+@dataclass
+class Custom:
+    """What to decode."""
+
+    data_dir: str = option(str(HERE / "data"), help="prepare.py's folder")
+    exp_dir: str = option(str(HERE / "exp" / "default"), help="the experiment folder")
+    vocab_size: int = option(500, help="the tokenizer <data-dir>/lang_bpe_<N>/bpe.model")
+    bpe_model: str | None = option(None, help="another tokenizer file (instead of --vocab-size)")
+    max_duration: float = option(600.0, help="seconds of audio per batch")
+    splits: tuple[str, ...] = option((), metavar="SPLIT", help="splits to decode (default: every test split)")
+    on_the_fly_feats: bool = option(False, help="compute fbank from the audio")
+
+
+@dataclass
+class Config(DecodingConfig):
+    recipe: Custom = field(default_factory=Custom)
+
+
+def command_line():
+    return decoding_command_line(Config, description=__doc__, extra_flags=tuple(f"recipe.{name}" for name in (
+        "data_dir", "exp_dir", "vocab_size", "bpe_model", "max_duration", "splits", "on_the_fly_feats")))
 
 
 def main() -> None:
-    args = get_parser().parse_args()
-    data = PreparedData(args.data_dir, prefix="custom")
-    splits = args.splits or [s for s in prepared_splits(args.data_dir) if s not in ("train", "dev")]
-    decode_from_args(
-        args, tokenizer_path=lambda: args.bpe_model or data.tokenizer_model(args.vocab_size),
-        load_splits=lambda: {s: load_cuts(data.cuts(s, features=not args.on_the_fly_feats), lazy=False,
+    cfg = command_line().parse()
+    r = cfg.recipe
+    data = PreparedData(Path(r.data_dir), prefix="custom")
+    splits = list(r.splits) or [s for s in prepared_splits(Path(r.data_dir)) if s not in ("train", "dev")]
+    decode_experiment(
+        cfg.decode, cfg.precision, exp_dir=Path(r.exp_dir),
+        tokenizer_path=lambda: r.bpe_model or data.tokenizer_model(r.vocab_size),
+        load_splits=lambda: {s: load_cuts(data.cuts(s, features=not r.on_the_fly_feats), lazy=False,
                                           hint="run python recipes/custom/prepare.py") for s in splits},
-        max_duration=args.max_duration, on_the_fly_feats=args.on_the_fly_feats)
+        max_duration=r.max_duration, on_the_fly_feats=r.on_the_fly_feats)
 
 
 if __name__ == "__main__":

@@ -8,34 +8,44 @@ tokens.txt (CTC models: model.onnx), as recipes/librispeech/export.py.
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from asrprec.config import add_dataclass_args, dataclass_from_args
+from asrprec.cli import run_main, setup_logging
+from asrprec.config import option
 from asrprec.data.corpora import PreparedData
-from asrprec.export.cli import ExportConfig, export_experiment
+from asrprec.export.cli import ExportingConfig, export_experiment, exporting_command_line
 from asrprec.tokenizer import Tokenizer
-from asrprec.training.cli import run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 
 
-def get_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=HERE / "data")
-    p.add_argument("--vocab-size", type=int, default=500,
-                   help="the tokenizer prepare.py made with this --vocab-size: <data-dir>/lang_bpe_<N>/bpe.model")
-    p.add_argument("--bpe-model", type=Path, default=None, help="another tokenizer file (instead of --vocab-size)")
-    add_dataclass_args(p, ExportConfig, defaults={"exp_dir": str(HERE / "exp" / "default")})
-    return p
+@dataclass
+class Tokens:
+    """Where the tokenizer is."""
+
+    data_dir: str = option(str(HERE / "data"), help="prepare.py's folder")
+    vocab_size: int = option(500, help="the tokenizer <data-dir>/lang_bpe_<N>/bpe.model")
+    bpe_model: str | None = option(None, help="another tokenizer file (instead of --vocab-size)")
+
+
+@dataclass
+class Config(ExportingConfig):
+    recipe: Tokens = field(default_factory=Tokens)
+
+
+def command_line():
+    return exporting_command_line(Config, description=__doc__,
+                                  defaults={"export": {"exp_dir": str(HERE / "exp" / "default")}},
+                                  extra_flags=("recipe.data_dir", "recipe.vocab_size", "recipe.bpe_model"))
 
 
 def main() -> None:
-    args = get_parser().parse_args()
+    cfg = command_line().parse()
     setup_logging()
-    data = PreparedData(args.data_dir, prefix="custom")
-    export_experiment(dataclass_from_args(ExportConfig, args),
-                      lambda: Tokenizer(args.bpe_model or data.tokenizer_model(args.vocab_size)))
+    r = cfg.recipe
+    data = PreparedData(Path(r.data_dir), prefix="custom")
+    export_experiment(cfg.export, lambda: Tokenizer(r.bpe_model or data.tokenizer_model(r.vocab_size)))
 
 
 if __name__ == "__main__":

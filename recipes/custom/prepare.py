@@ -26,7 +26,7 @@ import logging
 import os
 from pathlib import Path
 
-from asrprec.config import add_dataclass_args, dataclass_from_args
+from asrprec.cli import add_dataclass_args, dataclass_from_args, run_main, setup_logging
 from asrprec.data import compute_fbank, load_cuts
 from asrprec.data.corpora import PreparedData, musan_noise_cuts, prepare_musan_manifests
 from asrprec.data.preparation import (
@@ -36,7 +36,6 @@ from asrprec.data.sources import (
     ImportOptions, detect_format, import_split, source_files, source_path, test_split_names, write_splits,
 )
 from asrprec.data.stages import make_unless_done
-from asrprec.training.cli import run_main, setup_logging
 
 HERE = Path(__file__).resolve().parent
 TRAIN = "train-all-shuf"

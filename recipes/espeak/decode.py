@@ -21,33 +21,45 @@ add --streaming to decode chunk by chunk with the encoder's caches, as a live st
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from asrprec.cli import run_main
+from asrprec.config import option
 from asrprec.data import load_fbank_cuts
-from asrprec.decoding.experiment import add_decoding_args, decode_from_args
-from asrprec.cli import add_precision_args, run_main
+from asrprec.decoding.experiment import DecodingConfig, decode_experiment, decoding_command_line
 
 HERE = Path(__file__).resolve().parent
 
 
-def get_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=HERE / "data")
-    p.add_argument("--exp-dir", type=Path, default=HERE / "exp" / "default")
-    p.add_argument("--max-duration", type=float, default=300.0)
-    p.add_argument("--splits", nargs="+", default=["test", "dev"])
-    add_decoding_args(p)
-    add_precision_args(p)
-    return p
+@dataclass
+class Espeak:
+    """What to decode."""
+
+    data_dir: str = option(str(HERE / "data"), help="prepare.py's folder")
+    exp_dir: str = option(str(HERE / "exp" / "default"), help="the experiment folder")
+    max_duration: float = option(300.0, help="seconds of audio per batch")
+    splits: tuple[str, ...] = option(("test", "dev"), metavar="SPLIT,SPLIT", help="the splits to decode")
+
+
+@dataclass
+class Config(DecodingConfig):
+    recipe: Espeak = field(default_factory=Espeak)
+
+
+def command_line():
+    return decoding_command_line(Config, description=__doc__, extra_flags=(
+        "recipe.data_dir", "recipe.exp_dir", "recipe.max_duration", "recipe.splits"))
 
 
 def main() -> None:
-    args = get_parser().parse_args()
-    decode_from_args(args, tokenizer_path=args.data_dir / "bpe.model", max_duration=args.max_duration,
-                     load_splits=lambda: load_fbank_cuts(args.data_dir, splits=tuple(args.splits)))
+    cfg = command_line().parse()
+    r = cfg.recipe
+    decode_experiment(cfg.decode, cfg.precision, exp_dir=Path(r.exp_dir), tokenizer_path=Path(r.data_dir) / "bpe.model",
+                      max_duration=r.max_duration,
+                      load_splits=lambda: load_fbank_cuts(Path(r.data_dir), splits=tuple(r.splits)))
 
 
 if __name__ == "__main__":

@@ -20,28 +20,39 @@ model.onnx in the same folder.
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from asrprec.config import add_dataclass_args, dataclass_from_args
-from asrprec.export.cli import ExportConfig, export_experiment
-from asrprec.tokenizer import Tokenizer
 from asrprec.cli import run_main, setup_logging
+from asrprec.config import option
+from asrprec.export.cli import ExportingConfig, export_experiment, exporting_command_line
+from asrprec.tokenizer import Tokenizer
 
 HERE = Path(__file__).resolve().parent
 
 
-def get_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=HERE / "data", help="holds bpe.model (tokens.txt comes from it)")
-    add_dataclass_args(p, ExportConfig, defaults={"exp_dir": str(HERE / "exp" / "default")})
-    return p
+@dataclass
+class Tokens:
+    """Where the tokenizer is."""
+
+    data_dir: str = option(str(HERE / "data"), help="holds bpe.model (tokens.txt comes from it)")
+
+
+@dataclass
+class Config(ExportingConfig):
+    recipe: Tokens = field(default_factory=Tokens)
+
+
+def command_line():
+    return exporting_command_line(Config, description=__doc__,
+                                  defaults={"export": {"exp_dir": str(HERE / "exp" / "default")}},
+                                  extra_flags=("recipe.data_dir",))
 
 
 def main() -> None:
-    args = get_parser().parse_args()
+    cfg = command_line().parse()
     setup_logging()
-    export_experiment(dataclass_from_args(ExportConfig, args), lambda: Tokenizer(args.data_dir / "bpe.model"))
+    export_experiment(cfg.export, lambda: Tokenizer(Path(cfg.recipe.data_dir) / "bpe.model"))
 
 
 if __name__ == "__main__":

@@ -17,43 +17,54 @@ add --streaming to decode chunk by chunk with the encoder's caches (icefall's ch
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from asrprec.cli import run_main
+from asrprec.config import option
 from asrprec.data import load_cuts
-from asrprec.data.corpora import LIBRISPEECH_DEV_PARTS, LIBRISPEECH_TEST_PARTS, PreparedData
-from asrprec.decoding.experiment import add_decoding_args, decode_from_args
-from asrprec.cli import add_precision_args, run_main
+from asrprec.data.corpora import LIBRISPEECH_TEST_PARTS, PreparedData
+from asrprec.decoding.experiment import DecodingConfig, decode_experiment, decoding_command_line
 
 HERE = Path(__file__).resolve().parent
 
 
-def get_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", type=Path, default=HERE / "data")
-    p.add_argument("--exp-dir", type=Path, default=HERE / "exp" / "default")
-    p.add_argument("--vocab-size", type=int, default=500,
-                   help="the tokenizer prepare.py made with this --vocab-size: <data-dir>/lang_bpe_<N>/bpe.model")
-    p.add_argument("--bpe-model", type=Path, default=None, help="another tokenizer file (instead of --vocab-size)")
-    p.add_argument("--max-duration", type=float, default=600.0)
-    p.add_argument("--splits", nargs="+", choices=LIBRISPEECH_TEST_PARTS + LIBRISPEECH_DEV_PARTS,
-                   default=list(LIBRISPEECH_TEST_PARTS))
-    p.add_argument("--on-the-fly-feats", action="store_true", help="compute fbank from the audio")
-    add_decoding_args(p)
-    add_precision_args(p)
-    return p
+@dataclass
+class Librispeech:
+    """What to decode."""
+
+    data_dir: str = option(str(HERE / "data"), help="prepare.py's folder")
+    exp_dir: str = option(str(HERE / "exp" / "default"), help="the experiment folder")
+    vocab_size: int = option(500, help="the tokenizer <data-dir>/lang_bpe_<N>/bpe.model")
+    bpe_model: str | None = option(None, help="another tokenizer file (instead of --vocab-size)")
+    max_duration: float = option(600.0, help="seconds of audio per batch")
+    splits: tuple[str, ...] = option(tuple(LIBRISPEECH_TEST_PARTS), metavar="SPLIT",
+                                     help="test-clean, test-other, dev-clean, dev-other")
+    on_the_fly_feats: bool = option(False, help="compute fbank from the audio")
+
+
+@dataclass
+class Config(DecodingConfig):
+    recipe: Librispeech = field(default_factory=Librispeech)
+
+
+def command_line():
+    return decoding_command_line(Config, description=__doc__, extra_flags=tuple(f"recipe.{name}" for name in (
+        "data_dir", "exp_dir", "vocab_size", "bpe_model", "max_duration", "splits", "on_the_fly_feats")))
 
 
 def main() -> None:
-    args = get_parser().parse_args()
-    data = PreparedData(args.data_dir)
-    decode_from_args(
-        args, tokenizer_path=lambda: args.bpe_model or data.tokenizer_model(args.vocab_size),
-        load_splits=lambda: {split: load_cuts(data.cuts(split, features=not args.on_the_fly_feats), lazy=False,
-                                              hint="run python recipes/librispeech/prepare.py") for split in args.splits},
-        max_duration=args.max_duration, on_the_fly_feats=args.on_the_fly_feats)
+    cfg = command_line().parse()
+    r = cfg.recipe
+    data = PreparedData(Path(r.data_dir))
+    decode_experiment(
+        cfg.decode, cfg.precision, exp_dir=Path(r.exp_dir),
+        tokenizer_path=lambda: r.bpe_model or data.tokenizer_model(r.vocab_size),
+        load_splits=lambda: {split: load_cuts(data.cuts(split, features=not r.on_the_fly_feats), lazy=False,
+                                              hint="run python recipes/librispeech/prepare.py") for split in r.splits},
+        max_duration=r.max_duration, on_the_fly_feats=r.on_the_fly_feats)
 
 
 if __name__ == "__main__":

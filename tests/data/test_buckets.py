@@ -136,17 +136,18 @@ def test_datamodule_uses_the_plan():
 
 
 def test_memory_flags_reach_the_recipes():
+    from asrprec.config import ConfigError
     import importlib.util as iu
-
-    from asrprec.training.cli import data_config_from_args
+    import sys
 
     root = Path(__file__).resolve().parents[2]
     for recipe in ("espeak", "librispeech", "custom"):
         spec = iu.spec_from_file_location(f"r_{recipe}", root / "recipes" / recipe / "train.py")
         mod = iu.module_from_spec(spec)
+        sys.modules[spec.name] = mod
         spec.loader.exec_module(mod)
-        args = mod.get_parser().parse_args(["--max-memory", "40GiB", "--plan-only", "--memory-safety", "0.9"])
-        cfg = data_config_from_args(args)
+        cfg = mod.command_line().parse(["--max-memory", "40GiB", "--data.plan_only", "true",
+                                        "--data.memory_safety", "0.9"]).data
         assert (cfg.max_memory, cfg.plan_only, cfg.memory_safety) == ("40GiB", True, 0.9)
-        with pytest.raises(SystemExit, match="--plan-only prints the plan of --max-memory"):
-            data_config_from_args(mod.get_parser().parse_args(["--plan-only"]))
+        with pytest.raises(ConfigError, match="--plan-only prints the plan of --max-memory"):
+            mod.command_line().build(dotted=[("data.plan_only", "true")])

@@ -82,7 +82,7 @@ def test_prepare_train_decode(corpus_layouts, tmp_path, run_script, recogs_wer):
     bpe = data.bpe_model(40)
     run_script(RECIPE / "train.py", "--subset", "100h", "--data-dir", data_dir, "--bpe-model", bpe, "--exp-dir", exp,
         "--size", "tiny", "--max-duration", 8, "--num-buckets", 2, "--num-workers", 0, "--num-epochs", 1,
-        "--max-batches-per-epoch", 2, "--log-interval", 1, "--no-progress-bar")
+        "--train.max_batches_per_epoch", 2, "--train.log_interval", 1, "--train.progress_bar", "false")
     log = (exp / "train.log").read_text()
     assert "epoch 1 batch 2: loss" in log and (exp / "epoch-1.pt").is_file()
     model = json.loads((exp / "model.json").read_text())
@@ -126,7 +126,7 @@ def test_on_the_fly_features_and_streaming_as_commands(corpus_layouts, tmp_path)
     bpe = data.bpe_model(40)
     run(RECIPE / "train.py", "--subset", "100h", "--data-dir", data_dir, "--bpe-model", bpe, "--exp-dir", exp,
         "--size", "tiny", "--causal", "--on-the-fly-feats", "--max-duration", 8, "--num-buckets", 2,
-        "--num-workers", 2, "--num-epochs", 1, "--max-batches-per-epoch", 2, "--no-progress-bar")
+        "--num-workers", 2, "--num-epochs", 1, "--train.max_batches_per_epoch", 2, "--train.progress_bar", "false")
     assert (exp / "epoch-1.pt").is_file()
     decode = (RECIPE / "decode.py", "--data-dir", data_dir, "--bpe-model", bpe, "--exp-dir", exp, "--epoch", 1,
               "--on-the-fly-feats", "--chunk-size", 16, "--left-context-frames", 64)

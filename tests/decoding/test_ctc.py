@@ -4,7 +4,6 @@ hybrid and CTC-only models (offline, streaming, and from an experiment folder as
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -285,8 +284,7 @@ def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid
     from asrprec.checkpoint import TrainingObjects, save_checkpoint
     from asrprec.decoding.experiment import decode_splits, load_for_decoding
     from asrprec.metrics import read_recogs
-    from asrprec.decoding.experiment import add_decoding_args, decode_config_from_args
-    from asrprec.cli import add_precision_args, precision_options_from_args
+    from asrprec.decoding.experiment import decoding_command_line
     from asrprec.experiment import ExperimentError
 
     (tmp_path / "model.json").write_text(json.dumps({"encoder": "zipformer", "size": "tiny", "vocab_size": 12,
@@ -300,14 +298,11 @@ def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid
         def decode(self, ids):
             return " ".join(f"w{i}" for i in ids)
 
-    p = argparse.ArgumentParser()
-    add_decoding_args(p)
-    add_precision_args(p)
+    cl = decoding_command_line()
     for method in METHODS:
-        args = p.parse_args(["--epoch", "1", "--decoding-method", method, "--validate-data", "off",
-                             "--device", "cpu"])
-        cfg = decode_config_from_args(args)
-        setup = load_for_decoding(tmp_path, cfg, precision_options_from_args(args))
+        args = cl.parse(["--epoch", "1", "--decoding-method", method, "--validate-data", "off", "--device", "cpu"])
+        cfg = args.decode
+        setup = load_for_decoding(tmp_path, cfg, args.precision)
         summary = decode_splits(setup, {"test": _Cuts()}, lambda cuts: [batch], Words(), cfg, tmp_path)
         assert summary["test"]["decoded"] == 2
         assert (tmp_path / f"recogs-test-{setup.tag}.txt").is_file()
@@ -323,9 +318,9 @@ def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid
     ctc_dir.mkdir()
     (ctc_dir / "model.json").write_text(json.dumps({"encoder": "zipformer", "size": "tiny", "vocab_size": 12,
                                                     "ctc": {}, "use_transducer": False}))
-    args = p.parse_args(["--epoch", "1", "--decoding-method", "greedy_search", "--device", "cpu"])
+    args = cl.parse(["--epoch", "1", "--decoding-method", "greedy_search", "--device", "cpu"])
     with pytest.raises(ExperimentError, match="CTC-only.*ctc_greedy_search or ctc_prefix_beam_search"):
-        load_for_decoding(ctc_dir, decode_config_from_args(args), precision_options_from_args(args))  # no epoch-1.pt
+        load_for_decoding(ctc_dir, args.decode, args.precision)  # no epoch-1.pt
         # there: the method is checked first
 
 

@@ -202,10 +202,9 @@ def test_the_lm_overturns_the_acoustic_choice_in_a_hand_made_case(tmp_path):
 def test_flags_files_and_cut_phrases_reach_the_batch(tmp_path):
     """--lm / --lodr / --hotwords are DecodeConfig fields; the files load through a real tokenizer's pieces and each
     cut's own phrases (cut.custom or a supervision's custom) compile into that utterance's trie only."""
-    import argparse
     from types import SimpleNamespace
 
-    from asrprec.decoding.experiment import add_decoding_args, decode_config_from_args, result_tag
+    from asrprec.decoding.experiment import decoding_command_line, result_tag
     from asrprec.lm import build_token_lm
     from asrprec.tokenizer import Tokenizer
 
@@ -214,12 +213,9 @@ def test_flags_files_and_cut_phrases_reach_the_batch(tmp_path):
     build_token_lm(texts, tok, tmp_path / "lm3.arpa", 3)
     build_token_lm(texts, tok, tmp_path / "lm2.arpa", 2)
     (tmp_path / "hot.txt").write_text("# names\nthe cat\n\nsat on\n")
-    p = argparse.ArgumentParser()
-    add_decoding_args(p)
-    args = p.parse_args(["--epoch", "1", "--lm", str(tmp_path / "lm3.arpa"), "--lm-scale", "0.5", "--lodr",
+    cfg = decoding_command_line().parse(["--epoch", "1", "--lm", str(tmp_path / "lm3.arpa"), "--lm-scale", "0.5", "--lodr",
                          str(tmp_path / "lm2.arpa"), "--lodr-scale", "0.2", "--hotwords", str(tmp_path / "hot.txt"),
-                         "--hotword-score", "1.5"])
-    cfg = decode_config_from_args(args)
+                                         "--hotword-score", "1.5"]).decode
     assert result_tag(cfg, "fp32").endswith("-lm-0.5-lodr-0.2-hot-1.5")
     fusion = cfg.fusion(tok)
     assert fusion.lm.order == 3 and fusion.lodr.order == 2 and fusion.lm_scale == 0.5 and fusion.lodr_scale == 0.2

@@ -55,4 +55,5 @@ def test_every_method_decodes_an_icefall_checkpoint(tmp_path, method):
 
 def test_decode_config_requires_epoch_or_icefall():
     with pytest.raises(ValueError, match="--epoch is required"):
-        DecodeConfig()
+        DecodeConfig().require_weights()
+    DecodeConfig(init_from="icefall:x.pt").require_weights()

@@ -3,25 +3,23 @@ writes from an experiment folder are the ones the library exports directly from 
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from asrprec.config import add_dataclass_args, dataclass_from_args
-from asrprec.export.cli import ExportConfig
+from asrprec.config import ConfigError
+from asrprec.export.cli import ExportConfig, exporting_command_line
 
 
 def test_flags_build_the_config_and_streaming_needs_its_chunking():
-    p = argparse.ArgumentParser()
-    add_dataclass_args(p, ExportConfig, defaults={"exp_dir": "exp/x"})
-    cfg = dataclass_from_args(ExportConfig, p.parse_args(["--epoch", "3", "--avg", "2", "--int8"]))
+    cl = exporting_command_line(defaults={"export": {"exp_dir": "exp/x"}})
+    cfg = cl.parse(["--epoch", "3", "--avg", "2", "--int8"]).export
     assert cfg == ExportConfig(exp_dir="exp/x", epoch=3, avg=2, int8=True)
     assert cfg.tag() == "epoch-3-avg-2"
-    with pytest.raises(ValueError, match="--streaming needs --chunk-size and --left-context-frames"):
-        dataclass_from_args(ExportConfig, p.parse_args(["--epoch", "3", "--streaming", "--chunk-size", "32"]))
+    with pytest.raises(ConfigError, match="--streaming needs --chunk-size and --left-context-frames"):
+        cl.build(flags={"export.epoch": 3, "export.streaming": True, "export.chunk_size": 32})
 
 
 @pytest.mark.export

@@ -247,14 +247,19 @@ def test_policy_is_immutable_through_and_through():
 
 
 def test_recipe_precision_flags_reach_the_policy():
-    import argparse
+    from asrprec.cli import ConfigCommandLine
+    from asrprec.precision import PrecisionOptions
+    from asrprec.training.config import TRAIN_FLAGS, TrainingConfig
 
-    from asrprec.cli import add_precision_args, policy_from_args
+    cl = ConfigCommandLine(TrainingConfig, [f for f in TRAIN_FLAGS if f.startswith("precision.")])
 
-    p = argparse.ArgumentParser()
-    add_precision_args(p)
-    args = p.parse_args(["--precision", "bf16", "--bf16-update", "kahan", "--bf16-moments", "--device", "cpu"])
-    desc = policy_from_args(args).describe()
+    def policy(*flags):
+        options = cl.parse(list(flags)).precision
+        assert isinstance(options, PrecisionOptions)
+        return options.policy(options.device)
+
+    desc = policy("--precision", "bf16", "--bf16-update", "kahan", "--precision.bf16_moments", "true",
+                  "--device", "cpu").describe()
     assert desc["optimizer_state"] == "bfloat16" and "kahan" in desc["optimizer_update"].lower()
     with pytest.raises(ValueError, match="bf16 policy only"):
-        policy_from_args(p.parse_args(["--precision", "amp-bf16", "--bf16-moments", "--device", "cpu"]))
+        policy("--precision", "amp-bf16", "--precision.bf16_moments", "true", "--device", "cpu")

@@ -20,8 +20,8 @@ from asrprec.checkpoint import CheckpointPolicyWarning
 from .corpus import TINY_OVERRIDES
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "espeak"
-FAST = ("--no-progress-bar", "--no-tensorboard", "--threads", "1", "--max-duration", "4", "--log-interval", "1",
-        "--encoder-overrides", json.dumps(TINY_OVERRIDES))
+FAST = ("--train.progress_bar", "false", "--train.tensorboard", "false", "--threads", "1", "--max-duration", "4", "--train.log_interval", "1",
+        "--model.encoder_overrides", json.dumps(TINY_OVERRIDES))
 
 
 @dataclass
@@ -77,8 +77,8 @@ def recipe(script, *args, fast=True, **_):
 def trained(data_root, tmp_path_factory):
     """A finished two-epoch run with mid-epoch checkpoints (checkpoint-2.pt, checkpoint-4.pt)."""
     exp = tmp_path_factory.mktemp("trained") / "exp"
-    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--max-batches-per-epoch",
-                 2, "--save-every-n", 2)
+    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--train.max_batches_per_epoch",
+                 2, "--train.save_every_n", 2)
     assert out.code is None, out.text
     return exp
 
@@ -97,7 +97,7 @@ def test_a_new_run_in_a_folder_with_another_runs_checkpoints_is_refused(trained,
         in out.error and "--resume latest" in out.error and "--overwrite" in out.error
     assert out.code == 2 and "\n" not in out.error  # run_main: one line, exit code 2 (a user error)
     assert sorted(p.name for p in exp.iterdir()) == before  # nothing touched
-    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 1, "--max-batches-per-epoch", 1,
+    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 1, "--train.max_batches_per_epoch", 1,
                  "--overwrite")
     assert out.code is None, out.text
     assert sorted(p.name for p in exp.glob("*.pt")) == ["epoch-1.pt"]  # the old run's epoch-2.pt is gone
@@ -108,16 +108,16 @@ def test_a_new_run_in_a_folder_with_another_runs_checkpoints_is_refused(trained,
 
 def test_each_resume_argument_names_the_missing_checkpoint(trained, data_root, tmp_path):
     exp = copy_of(trained, tmp_path)
-    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--start-batch", 3)
+    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--train.start_batch", 3)
     assert f"checkpoint {exp / 'checkpoint-3.pt'} does not exist (checkpoints in {exp}: epoch-1.pt, epoch-2.pt, " \
            "checkpoint-2.pt, checkpoint-4.pt)" in out.error
-    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--start-epoch", 5)
+    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--train.start_epoch", 5)
     assert "start_epoch 5 > num_epochs 3: nothing to train" in out.error
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", tmp_path / "empty", "--resume", "latest")
     assert "--resume latest: no complete checkpoint in" in out.error and "without --resume" in out.error
-    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--resume", "latest", "--start-epoch", 2)
+    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--resume", "latest", "--train.start_epoch", 2)
     assert "--resume and --start-epoch each name a checkpoint to resume from; pass only one" in out.error
-    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--max-skipped-fraction", 2)
+    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--train.max_skipped_fraction", 2)
     assert "max_skipped_fraction must be in [0, 1]" in out.error
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--resume", "latest")
     assert "ends epoch 2 and --num-epochs is 2: nothing to train. Fix: raise --num-epochs" in out.error
@@ -125,11 +125,11 @@ def test_each_resume_argument_names_the_missing_checkpoint(trained, data_root, t
 
 def test_resuming_from_an_older_checkpoint_would_mix_two_continuations(trained, data_root, tmp_path):
     exp = copy_of(trained, tmp_path)
-    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--start-batch", 2,
-                 "--max-batches-per-epoch", 2)
+    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--train.start_batch", 2,
+                 "--train.max_batches_per_epoch", 2)
     assert "checkpoint-2.pt is not the newest checkpoint" in out.error and "epoch-1.pt" in out.error
-    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--start-batch", 2,
-                 "--max-batches-per-epoch", 2, "--overwrite")
+    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--train.start_batch", 2,
+                 "--train.max_batches_per_epoch", 2, "--overwrite")
     assert out.code is None, out.text
     events = json.loads((exp / "history.json").read_text())
     assert events[-4]["event"] == "overwrite" and sorted(events[-4]["deleted"]) == ["checkpoint-4.pt", "epoch-1.pt",
@@ -141,7 +141,7 @@ def test_another_model_cannot_resume_a_run(trained, data_root, tmp_path):
     model_json = (exp / "model.json").read_text()
     other = json.dumps({**TINY_OVERRIDES, "encoder_dim": 40, "encoder_unmasked_dim": 40})
     args = ("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--resume", "latest",
-            "--encoder-overrides", other)
+            "--model.encoder_overrides", other)
     out = recipe(*args)
     assert "model.json records another model than the one this command builds (encoder_overrides.encoder_dim: " \
            "[32, 32, 32] -> [40, 40, 40]" in out.error and "another --exp-dir" in out.error
@@ -186,23 +186,23 @@ def test_broken_checkpoints_are_named_with_the_fix(trained, data_root, tmp_path)
     exp = copy_of(trained, tmp_path)
     (exp / "epoch-2.pt").write_bytes(b"")
     (exp / ".tmp-abc123-epoch-3.pt").write_bytes(b"partial")
-    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--start-epoch", 3)
+    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--train.start_epoch", 3)
     msg = out.error
     assert f"checkpoint {exp / 'epoch-2.pt'} is empty (0 bytes)" in msg and "delete it" in msg
     assert "--resume latest" in msg and "weights_only" not in msg
     assert not (exp / ".tmp-abc123-epoch-3.pt").exists()  # a killed write's leftover is removed on start
     data = (exp / "checkpoint-4.pt").read_bytes()
     (exp / "checkpoint-4.pt").write_bytes(data[: len(data) // 2])
-    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--start-batch", 4)
+    out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 3, "--train.start_batch", 4)
     assert f"checkpoint {exp / 'checkpoint-4.pt'} ({len(data) // 2:,} bytes) cannot be read: it is truncated or " \
            "corrupt" in out.error and "weights_only" not in out.error
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--resume", "latest",
-                 "--max-batches-per-epoch", 2, "--overwrite")
+                 "--train.max_batches_per_epoch", 2, "--overwrite")
     assert "--overwrite with --resume latest" in out.error
     # --resume latest passes over both broken files (with a warning naming each) to the newest complete one, and
     # the resumed run writes them anew
     out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 2, "--resume", "latest",
-                 "--max-batches-per-epoch", 2)
+                 "--train.max_batches_per_epoch", 2)
     assert out.code is None and f"resumed from {exp / 'epoch-1.pt'}" in out.text, out.text
     assert f"skipping {exp / 'epoch-2.pt'}: checkpoint {exp / 'epoch-2.pt'} is empty" in out.text
     assert f"skipping {exp / 'checkpoint-4.pt'}" in out.text

@@ -242,7 +242,7 @@ def test_the_recipe_drops_and_reports_bad_cuts_in_every_split(corpus_copy):
     save_split(corpus_copy, "dev", _cuts(corpus_copy, "dev") + [make_cut("dev-short", 7, "TWO", corpus_copy / "feats",
                                                                       rng)])
     out = recipe("train.py", "--data-dir", corpus_copy, "--exp-dir", corpus_copy / "exp", "--num-epochs", 1,
-                 "--max-batches-per-epoch", 1)
+                 "--train.max_batches_per_epoch", 1)
     assert out.code is None, out.text
     checks = json.loads((corpus_copy / "exp" / "config.json").read_text())["data"]["checks"]
     assert checks["train"]["dropped"] == {EMPTY_TRANSCRIPT: 1} and checks["dev"]["dropped"] == {TOO_SHORT: 1}

@@ -34,7 +34,7 @@ def run(corpus_copy, tmp_path):
     """A one-epoch run on a private copy of the corpus."""
     exp = tmp_path / "exp"
     out = recipe("train.py", "--data-dir", corpus_copy, "--exp-dir", exp, "--num-epochs", 1,
-                 "--max-batches-per-epoch", 2)
+                 "--train.max_batches_per_epoch", 2)
     assert out.code is None, out.text
     return corpus_copy, exp
 
@@ -102,7 +102,7 @@ def test_a_folder_without_a_copy_uses_the_tokenizer_given(run, caplog):
     out = recipe("decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 1, "--splits", "dev")
     assert out.code is None, out.text
     out = recipe("train.py", "--data-dir", data, "--exp-dir", exp, "--num-epochs", 2, "--resume", "auto",
-                 "--max-batches-per-epoch", 2)
+                 "--train.max_batches_per_epoch", 2)
     assert out.code is None, out.text
     assert (exp / "epoch-2.pt").is_file() and not (exp / TOKENIZER_NAME).exists()
 

@@ -81,35 +81,33 @@ def test_resume_keeps_the_epochs_loss_parts(tmp_path):
 
 
 def test_recipe_flags_build_every_combination_and_name_mistakes():
-    import argparse
+    from asrprec.models import build_model
+    from asrprec.training.config import training_command_line
 
-    from asrprec.training.cli import add_model_args, build_model_from_args, data_spec_augment
-
-    p = argparse.ArgumentParser()
-    add_model_args(p, encoder="conformer", size="tiny")
+    cl = training_command_line(defaults={"model": {"encoder": "conformer", "size": "tiny"}})
 
     class Bpe:
         vocab_size, blank_id = 10, 0
 
     def build(*flags):
-        args = p.parse_args(list(flags))
-        return args, *build_model_from_args(args, Bpe())
+        options = cl.parse(list(flags)).model
+        return options, *build_model(options, Bpe.vocab_size, Bpe.blank_id)
 
     args, model, config = build()
     assert model.use_transducer and not model.use_ctc and "ctc" not in config and "use_transducer" not in config
-    assert data_spec_augment(args, True)
+    assert args.data_spec_augment(True)
     args, model, config = build("--use-ctc")
     assert config["ctc"]["ctc_loss_scale"] == 0.2 and model.decoder is not None
     args, model, config = build("--use-transducer", "false", "--use-ctc", "1", "--use-cr-ctc", "true",
-                                "--time-mask-ratio", "2.0")
+                                "--model.time_mask_ratio", "2.0")
     assert config["use_transducer"] is False and model.decoder is None
     assert (config["ctc"]["ctc_loss_scale"], config["ctc"]["cr_loss_scale"], config["ctc"]["time_mask_ratio"]) == \
         (1.0, 0.2, 2.0)
-    assert not data_spec_augment(args, True)  # the model masks its two views itself
+    assert not args.data_spec_augment(True)  # the model masks its two views itself
     for flags, message in [(("--use-transducer", "false"), "without a head"),
                            (("--use-cr-ctc",), "add --use-ctc"),
-                           (("--use-ctc", "--cr-loss-scale", "0.1"), "add --use-cr-ctc")]:
+                           (("--use-ctc", "--model.cr_loss_scale", "0.1"), "add --use-cr-ctc")]:
         with pytest.raises(ValueError, match=message):
             build(*flags)
     with pytest.raises(SystemExit):
-        p.parse_args(["--use-ctc", "maybe"])
+        cl.parse(["--use-ctc", "maybe"])

@@ -125,43 +125,38 @@ def test_encoder_schedule_scale_must_be_positive(tmp_path):
 
 
 def test_encoder_overrides_flag_parses_json_and_rejects_non_objects():
-    import argparse
+    from asrprec.training.config import training_command_line
 
-    from asrprec.training.cli import add_model_args
-
-    p = argparse.ArgumentParser()
-    add_model_args(p)
-    assert p.parse_args(["--encoder-overrides", '{"dropout": 0.0}']).encoder_overrides == {"dropout": 0.0}
+    cl = training_command_line()
+    assert cl.parse(["--model.encoder_overrides", '{"dropout": 0.0}']).model.encoder_overrides == {"dropout": 0.0}
     for bad in ("[1]", "{dropout: 0}"):
         with pytest.raises(SystemExit):
-            p.parse_args(["--encoder-overrides", bad])
+            cl.parse(["--model.encoder_overrides", bad])
 
 
 def test_causal_flags_become_zipformer_overrides():
-    import argparse
+    from asrprec.decoding.experiment import decoding_command_line
+    from asrprec.training.config import training_command_line
 
-    from asrprec.decoding.experiment import add_decoding_args
-    from asrprec.training.cli import add_model_args, encoder_overrides_from_args
+    cl = training_command_line()
 
-    p = argparse.ArgumentParser()
-    add_model_args(p)
-    args = p.parse_args(["--encoder", "zipformer", "--causal", "--chunk-size", "16,32,-1",
-                         "--left-context-frames", "64,-1", "--encoder-overrides", '{"pos_dim": 16}'])
-    assert encoder_overrides_from_args(args) == {"pos_dim": 16, "causal": True, "chunk_size": [16, 32, -1],
-                                                 "left_context_frames": [64, -1]}
-    assert encoder_overrides_from_args(p.parse_args(["--encoder", "zipformer"])) == {}
+    def overrides(*flags):
+        return cl.parse(list(flags)).model.all_encoder_overrides()
+
+    assert overrides("--encoder", "zipformer", "--causal", "--model.chunk_size", "16,32,-1",
+                     "--model.left_context_frames", "64,-1", "--model.encoder_overrides", '{"pos_dim": 16}') == \
+        {"pos_dim": 16, "causal": True, "chunk_size": [16, 32, -1], "left_context_frames": [64, -1]}
+    assert overrides("--encoder", "zipformer") == {}
     with pytest.raises(ValueError, match="need --encoder zipformer"):
-        encoder_overrides_from_args(p.parse_args(["--encoder", "conformer", "--causal"]))
-    defaults = p.parse_args([])  # the library's recommended setup, as build_transducer's defaults
+        overrides("--encoder", "conformer", "--causal")
+    defaults = cl.parse([]).model  # the library's recommended setup, as build_transducer's defaults
     assert (defaults.encoder, defaults.loss) == ("zipformer", "pruned")
     with pytest.raises(ValueError, match="add --causal"):
-        encoder_overrides_from_args(p.parse_args(["--encoder", "zipformer", "--chunk-size", "32"]))
+        overrides("--encoder", "zipformer", "--model.chunk_size", "32")
     for bad in ("16,x", "16,0", "-2"):
         with pytest.raises(SystemExit):
-            p.parse_args(["--chunk-size", bad])
-    d = argparse.ArgumentParser()
-    add_decoding_args(d)
-    got = d.parse_args(["--epoch", "3", "--chunk-size", "32", "--left-context-frames", "256"])
+            cl.parse(["--model.chunk_size", bad])
+    got = decoding_command_line().parse(["--epoch", "3", "--chunk-size", "32", "--left-context-frames", "256"]).decode
     assert (got.chunk_size, got.left_context_frames) == (32, 256)
 
 

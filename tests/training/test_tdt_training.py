@@ -1,7 +1,6 @@
 """TDT through the training loop and the recipe flags: training learns, a resume continues exactly (with omega's
 random draws), and model.json carries the durations so that decoding rebuilds the duration head."""
 
-import argparse
 import json
 import math
 
@@ -11,7 +10,8 @@ import torch
 from asrprec.models import Decoder, Joiner, LossConfig, Transducer, build_transducer
 from asrprec.precision import get_policy
 from asrprec.training import train
-from asrprec.training.cli import add_model_args, build_model_from_args
+from asrprec.models import build_model
+from asrprec.training.config import training_command_line
 
 from ..reliability.tiny import LinearEncoder, Tok, batches, config
 
@@ -58,14 +58,16 @@ class _Tok:
 
 
 def _args(*flags):
-    p = argparse.ArgumentParser()
-    add_model_args(p)
-    return p.parse_args(list(flags))
+    return training_command_line().parse(list(flags)).model
+
+
+def build_model_from_args(options, tok):
+    return build_model(options, tok.vocab_size, tok.blank_id)
 
 
 def test_flags_reach_the_model_and_model_json_rebuilds_it():
-    args = _args("--loss", "tdt", "--tdt-durations", "0,1,2,4", "--tdt-sigma", "0.05", "--tdt-omega", "0.1",
-                 "--tdt-aux", "none")
+    args = _args("--loss", "tdt", "--model.tdt_durations", "0,1,2,4", "--model.tdt_sigma", "0.05", "--model.tdt_omega", "0.1",
+                 "--model.tdt_aux", "none")
     model, model_config = build_model_from_args(args, _Tok())
     cfg = model.loss_config
     assert model.durations == (0, 1, 2, 4) and (cfg.tdt_sigma, cfg.tdt_omega, cfg.tdt_aux) == (0.05, 0.1, "none")
@@ -83,7 +85,7 @@ def test_flags_reach_the_model_and_model_json_rebuilds_it():
                                            ("a,b", "comma-separated")])
 def test_bad_durations_flag_names_the_fix(value, message, capsys):
     with pytest.raises(SystemExit):
-        _args("--loss", "tdt", "--tdt-durations", value)
+        _args("--loss", "tdt", "--model.tdt_durations", value)
     assert message in capsys.readouterr().err
 
 
