@@ -8,9 +8,10 @@ in at least the chunk that owns it (words shorter than ``overlap_seconds / 2``) 
 edge has its centre beyond the boundary and is dropped from that chunk. Chunk starts are whole encoder frames (4 fbank
 frames), so every chunk's frames lie on the recording's 40 ms grid (:mod:`asrprec.decoding.timestamps`).
 
-Defaults suit the offline Zipformer, whose attention spans the whole chunk: 20 s chunks (LibriSpeech utterances run
-up to ~35 s, and icefall's recipes train on cuts up to 20-30 s) with 4 s of overlap, so each word keeps 2 s of context
-on its far side (NeMo's buffered inference and sherpa-onnx's VAD segmenting use chunks of a similar size).
+Defaults suit the offline Zipformer, whose attention spans the whole chunk: 20 s chunks, the longest cut icefall's
+LibriSpeech recipes train it on (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, ``remove_short_and_long_utt``:
+1-20 s), so a chunk is never longer than what the model has seen, with 4 s of overlap, so each kept word has at least
+2 s of context on both sides. A model trained on shorter audio wants chunks no longer than its training cuts.
 
 Legend: T feature frames (10 ms), F feature bins, T' encoder frames (40 ms), B chunks in one batch.
 """
