@@ -37,9 +37,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from asrprec.atomic import atomic_write_text
 
-__all__ = ["FEATURE_SHIFT_S", "FRAME_SHIFT_S", "SUBSAMPLING_FACTOR", "WORD_START", "CtmCollector", "WordSpan",
-           "ctc_token_runs",
-           "EXTEND_FRAMES", "ctm_path", "format_ctm", "is_zero_duration", "word_spans", "words_from_ids", "write_ctm"]
+__all__ = ["EXTEND_FRAMES", "FEATURE_SHIFT_S", "FRAME_SHIFT_S", "SUBSAMPLING_FACTOR", "WORD_START", "CtmCollector",
+           "WordSpan", "ctc_token_runs", "ctm_path", "format_ctm", "is_zero_duration", "word_spans", "words_from_ids",
+           "words_from_token_times", "write_ctm"]
 
 FEATURE_SHIFT_S = 0.01  # fbank frame shift
 SUBSAMPLING_FACTOR = 4  # Conformer: Conv2dSubsampling 4x; Zipformer: front-end 2x, output downsampling 2x
@@ -145,6 +145,16 @@ def words_from_ids(id_to_piece: Callable[[int], str], tokens: Sequence[int], fra
                    durations: Sequence[int] | None = None, **kwargs) -> list[WordSpan]:
     """:func:`word_spans` of token ids, read through ``id_to_piece`` (e.g. ``Tokenizer.id_to_piece``)."""
     return word_spans([id_to_piece(int(t)) for t in tokens], frames, durations, **kwargs)
+
+
+def words_from_token_times(pieces: Sequence[str], times: Sequence[float], duration: float | None = None, *,
+                           frame_shift: float = FRAME_SHIFT_S) -> list[WordSpan]:
+    """:func:`word_spans` of tokens timed in seconds, as sherpa-onnx's ``OfflineRecognitionResult`` gives them
+    (``tokens``: the pieces, ``timestamps``: each one's start): times go to the nearest frame; ``duration``: the
+    audio's seconds, which the words stay within."""
+    frames = [max(0, int(round(t / frame_shift))) for t in times]
+    num_frames = None if duration is None else max(1, math.ceil(duration / frame_shift - 1e-9))
+    return word_spans(pieces, frames, num_frames=num_frames, frame_shift=frame_shift)
 
 
 def ctc_token_runs(frame_labels: Sequence[int], blank_id: int = 0) -> tuple[list[int], list[int], list[int]]:

@@ -5,7 +5,7 @@ import torch
 
 from asrprec.decoding.timestamps import (
     EXTEND_FRAMES, FRAME_SHIFT_S, WordSpan, ctc_token_runs, ctm_path, format_ctm, is_zero_duration, word_spans,
-    words_from_ids, write_ctm,
+    words_from_ids, words_from_token_times, write_ctm,
 )
 
 F = FRAME_SHIFT_S
@@ -132,3 +132,10 @@ def test_ctm_collector_takes_decode_dataset_results(tmp_path):
     # u2: A reaches B's start; B stops at the audio's end (0.2 s = 5 frames); u1 empty
     path = ctm.write(tmp_path / "ctm-test-x.txt")
     assert path.read_text() == "u2 1 0.00 0.12 A\nu2 1 0.12 0.08 B\nu3 1 0.08 0.08 A.\n"
+
+
+def test_tokens_timed_in_seconds():
+    # sherpa-onnx's result: pieces and start times in seconds (40 ms frames: 0.08 -> 2, 0.2 -> 5, 0.52 -> 13)
+    out = words_from_token_times(["\u2581THE", "\u2581SM", "ALL"], [0.08, 0.2, 0.281], duration=0.6)
+    assert_spans(out, [("THE", 2 * F, 5 * F), ("SMALL", 5 * F, 15 * F)])  # SMALL ends with the audio (15 frames)
+    assert words_from_token_times([], []) == []
