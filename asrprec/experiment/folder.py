@@ -117,6 +117,10 @@ class Experiment:
             raise ValueError(f"the run's exp_dir {cfg.exp_dir} is not this experiment's folder {self.dir}")
         return contents.prepare_experiment(cfg, rank=rank, model_config=model_config)
 
+    def resume_checkpoint(self, cfg: RunSpec) -> Path | None:
+        """The checkpoint the run ``cfg`` describes resumes from (:func:`~asrprec.experiment.resolve_resume`)."""
+        return contents.resolve_resume(cfg)
+
     def lock(self) -> Path:
         """Take the folder's lock for this process (:func:`~asrprec.experiment.lock_experiment`)."""
         return lock_experiment(self.dir)

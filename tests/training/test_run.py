@@ -107,5 +107,6 @@ def test_a_recipes_early_prepare_is_the_runs_prepare(tmp_path, monkeypatch):
     assert len(calls) == 1 and (exp / "epoch-1.pt").is_file()
     # once the folder changed (the run wrote its checkpoint and released the lock), a new call prepares again
     cfg2 = config(exp, num_epochs=2, resume="latest")
+    assert Experiment(exp).resume_checkpoint(cfg2) == exp / "epoch-1.pt"
     assert prepare_experiment(cfg2) == exp / "epoch-1.pt" and len(calls) == 2
     Experiment(exp).unlock()
