@@ -39,7 +39,8 @@ def test_default_yaml_is_the_parsers_defaults(recipe):
     assert from_file.model != type(from_file.model)() or recipe == "espeak"  # the file does say something
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*/configs/*.yaml")), ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*/configs/*.yaml")),
+                         ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_every_shipped_config_loads_strictly_and_changes_what_it_says(path):
     import yaml
 
@@ -125,7 +126,8 @@ def test_help_is_at_most_35_flags_of_one_short_line(recipe, script):
 
 def test_the_old_flags_still_read_as_their_fields():
     m = _load("espeak")
-    cfg = m.command_line().parse(["--train.progress_bar", "false", "--use-ctc", "--use-transducer", "false", "--precision", "bf16",
+    cfg = m.command_line().parse(["--train.progress_bar", "false", "--use-ctc", "--use-transducer", "false",
+                                  "--precision", "bf16",
                                   "--bf16-update", "kahan", "--exp-dir", "e", "--threads", "1", "--resume", "auto"])
     assert (cfg.train.progress_bar, cfg.model.use_ctc, cfg.model.use_transducer) == (False, True, False)
     assert (cfg.precision.precision, cfg.precision.bf16_update, cfg.train.threads) == ("bf16", "kahan", 1)
@@ -166,3 +168,20 @@ def _commands():
                          ":" in v else None)
 def test_every_documented_command_line_parses(where, recipe, script, argv):
     _load(recipe, script).command_line().parse(argv)
+
+
+def test_the_saved_config_starts_the_same_run_again(tmp_path):
+    from asrprec.training.recipe import save_config
+
+    m = _load("espeak")
+    argv = ["--exp-dir", str(tmp_path / "a"), "--resume", "auto", "--overwrite", "--use-ctc", "--train.lr_epochs", "6",
+            "--precision", "bf16", "--data.spec_augment_config.p", "0.5"]
+    cfg = m.command_line().parse(argv)
+    (tmp_path / "a").mkdir()
+    path = save_config(cfg, resuming=False)
+    assert path == tmp_path / "a" / "config.yaml" and path.read_text().startswith("# config.yaml: train.py --config")
+    again = m.command_line().parse(["--config", str(path)])
+    want = m.command_line().parse(argv[5:] + ["--exp-dir", str(tmp_path / "a")])  # without resume and overwrite
+    assert again == want and (again.train.resume, again.train.overwrite) == ("", False)
+    path.write_text("# an older run's\n")
+    assert save_config(cfg, resuming=True) is None and path.read_text() == "# an older run's\n"  # kept on resume

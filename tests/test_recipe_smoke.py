@@ -41,15 +41,19 @@ def test_recipe_smoke(tmp_path, precision, recogs_wer):
     # the Conformer here (the model.json check below is written for its preset); the default Zipformer runs in the
     # slow test below and in run.sh
     run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--precision", precision, "--num-epochs", 2,
-        "--train.max_batches_per_epoch", 2, "--max-duration", 20, "--train.progress_bar", "false", "--encoder", "conformer",
-        "--train.average_period", 1)
+        "--train.max_batches_per_epoch", 2, "--max-duration", 20, "--train.progress_bar", "false",
+        "--encoder", "conformer", "--train.average_period", 1)
     assert (exp / "epoch-1.pt").is_file() and (exp / "epoch-2.pt").is_file()
+    saved = (exp / "config.yaml").read_text()  # the run's effective config, what --config reads back
+    assert "  encoder: conformer\n" in saved and "  average_period: 1\n" in saved
+    assert f"  precision: {precision}\n" in saved
     assert (exp / "tensorboard").is_dir()
     # --seed fixes the run (model initialisation included), and the pre-training OOM scan of the riskiest
     # batches leaves no trace: a second run with the scan writes the same epoch-1 weights
     exp2 = tmp_path / "exp2"
     run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp2, "--precision", precision, "--num-epochs", 1,
-        "--train.max_batches_per_epoch", 2, "--max-duration", 20, "--train.progress_bar", "false", "--encoder", "conformer",
+        "--train.max_batches_per_epoch", 2, "--max-duration", 20, "--train.progress_bar", "false",
+        "--encoder", "conformer",
         "--train.scan_oom", "on")
     assert "OOM scan: single_longest_cut" in (exp2 / "train.log").read_text()
     first, second = (torch.load(e / "epoch-1.pt", weights_only=False)["model"] for e in (exp, exp2))
