@@ -432,7 +432,8 @@ def test_espeak_recipe_trains_and_decodes_under_torchrun(tmp_path):
     assert ck["extra"]["adjusted_batch_count"] == 12.0  # 2 ranks x 6 steps (ref-duration = max-duration)
     assert ck["model_avg"]["count"] == 6
     written = {p.name for p in exp.iterdir()}
-    assert {"epoch-1.pt", "epoch-2.pt", "config.json", "model.json", "history.json", "train.log", "tensorboard"} == written
+    assert {"epoch-1.pt", "epoch-2.pt", "config.json", "config.yaml", "model.json", "history.json", "train.log",
+            "tensorboard", "bpe.model", "run.lock"} == written
     out = run(recipe / "decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--avg", 2, "--splits", "test")
     assert "test: WER" in out
     out = run(recipe / "decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--avg", 1,
