@@ -156,7 +156,7 @@ def _commands():
     for page in pages:
         text = page.read_text().replace("\\\n", " ")
         for line in text.splitlines():
-            m = re.search(r"recipes/(espeak|librispeech|custom)/(train|decode|export)\.py((?:\s+[^#|`]*)?)", line)
+            m = re.search(r"recipes/(espeak|librispeech|custom)/(train|decode|export)\.py((?:\s+[^#|`>]*)?)", line)
             if m is None or "--help" in line or "`" in line.split("recipes/")[0]:
                 continue
             args = re.sub(r"\[(--[^\]]*)\]", r"\1", m.group(3)).replace("...", "").replace('"$@"', "")
@@ -166,8 +166,13 @@ def _commands():
 
 @pytest.mark.parametrize("where, recipe, script, argv", list(_commands()), ids=lambda v: v if isinstance(v, str) and
                          ":" in v else None)
-def test_every_documented_command_line_parses(where, recipe, script, argv):
-    _load(recipe, script).command_line().parse(argv)
+def test_every_documented_command_line_parses(where, recipe, script, argv, capsys):
+    if "--print-config" not in argv:
+        _load(recipe, script).command_line().parse(argv)
+        return
+    with pytest.raises(SystemExit) as e:
+        _load(recipe, script).command_line().parse(argv)
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("model:")
 
 
 def test_the_saved_config_starts_the_same_run_again(tmp_path):
