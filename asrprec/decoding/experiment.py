@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from torch import nn
 
+from asrprec.atomic import atomic_write_text
 from asrprec.config import ConfigError, option
 from asrprec.data.validate import CHECK_MODES
 from asrprec.models.compile import CompileOptions
@@ -248,7 +249,7 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
                           "left_out_by_reason": report.to_dict()["dropped"]}
         note = f"; {left_out} of {report.total} cuts left out, see the log" if left_out else ""
         print(f"{split}: WER {wer:.2f}% ({tag}); RTFx {stats.get('rtfx', float('nan')):.1f}{note}")
-    (exp_dir / f"wer-summary-{tag}.json").write_text(json.dumps(summary, indent=1))
+    atomic_write_text(exp_dir / f"wer-summary-{tag}.json", json.dumps(summary, indent=1))
     return summary
 
 

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from asrprec.atomic import atomic_write_text
 from asrprec.config import ConfigError, option
 from asrprec.models.icefall import parse_icefall_source
 from asrprec.models.weights import WeightsOptions
@@ -97,7 +98,7 @@ def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
     if cfg.ctc or not model.use_transducer:
         _export_ctc(cfg, model, tokenizer, out_dir)
     if not model.use_transducer:
-        (out_dir / "export.json").write_text(json.dumps({**asdict(cfg), "weights": source}, indent=1))
+        atomic_write_text(out_dir / "export.json", json.dumps({**asdict(cfg), "weights": source}, indent=1))
         print(f"in {out_dir} with tokens.txt")
         return out_dir
     if cfg.streaming:
@@ -111,7 +112,7 @@ def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
         written.append(quantize_int8(exported))
     if cfg.fp16:
         written.append(convert_fp16(exported))
-    (out_dir / "export.json").write_text(json.dumps({**asdict(cfg), "weights": source}, indent=1))
+    atomic_write_text(out_dir / "export.json", json.dumps({**asdict(cfg), "weights": source}, indent=1))
     for e in written:
         print(f"wrote {e.encoder.name}, {e.decoder.name}, {e.joiner.name}")
     print(f"in {out_dir} with tokens.txt")
