@@ -22,8 +22,8 @@ import typing
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from asrprec.config import (
-    ConfigError, build_config, check_config_keys, config_defaults, config_to_yaml, merge_layer, parse_bool,
-    parse_text, read_yaml, section_fields, text_to_value,
+    ConfigError, build_config, check_config_keys, config_defaults, config_to_dict, config_to_yaml, merge_layer,
+    parse_bool, parse_text, read_yaml, section_fields, text_to_value,
 )
 from asrprec.devices import get_rank, get_world_size
 from asrprec.errors import AsrprecError, ResumableStop
@@ -293,8 +293,7 @@ class ConfigCommandLine:
                 raise ConfigError(f"{source}: {key} follows {instead}; set {instead} instead")
 
     def to_dict(self, cfg: Any) -> dict[str, Any]:
-        from asrprec.config import config_to_dict
-
+        """``cfg`` as a nested dict without the derived keys."""
         d = config_to_dict(cfg)
         for key in self.derived:
             *parents, last = key.split(".")

@@ -133,16 +133,12 @@ def section_fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
         hints = {}
         for base in reversed(cls.__mro__):
             if dataclasses.is_dataclass(base) and base is not cls:
-                hints.update(section_hints(base))
+                hints.update({name: hint for name, (_, hint) in section_fields(base).items()})
         for f in dataclasses.fields(cls):
             if f.name not in hints or f.name in cls.__dict__.get("__annotations__", {}):
                 factory = f.default_factory
                 hints[f.name] = factory if isinstance(factory, type) else type(f.default)
     return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
-
-
-def section_hints(cls: type) -> dict[str, Any]:
-    return {name: hint for name, (_, hint) in section_fields(cls).items()}
 
 
 def _dataclass_of(hint: Any) -> type | None:
