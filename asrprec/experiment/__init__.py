@@ -41,15 +41,16 @@ from .contents import (CONFIG_NAME, HISTORY_NAME, MODEL_NAME, MUTABLE_MODEL_KEYS
                        RunSpec, adopt_tokenizer, append_history, build_experiment_model, check_model_config,
                        experiment_tokenizer, file_sha256, load_experiment_model, prepare_experiment, read_history,
                        read_model_config, record_model_config, record_run_start, resolve_resume)
-from .errors import ExperimentError, ExperimentLockedError, ModelMismatchError, TokenizerMismatchError
+from .errors import (ExperimentError, ExperimentLockedError, ModelMismatchError, TokenizerMismatchError,
+                     require_folder)
 from .folder import LOG_NAME, TENSORBOARD_NAME, Experiment
-from .lock import LOCK_NAME, lock_experiment, releases_experiment_lock, unlock_experiment
+from .lock import LOCK_NAME, claim_experiment, lock_experiment, releases_experiment_lock, unlock_experiment
 
 __all__ = [
     "CONFIG_NAME", "HISTORY_NAME", "LOCK_NAME", "LOG_NAME", "MODEL_NAME", "MUTABLE_MODEL_KEYS", "TENSORBOARD_NAME",
     "TOKENIZER_KEY", "TOKENIZER_NAME", "Experiment", "ExperimentError", "ExperimentLockedError", "ModelMismatchError",
     "RunSpec", "TokenizerMismatchError", "adopt_tokenizer", "append_history", "build_experiment_model",
-    "check_model_config", "experiment_tokenizer", "file_sha256", "load_experiment_model", "lock_experiment",
-    "prepare_experiment", "read_history", "read_model_config", "record_model_config", "record_run_start",
-    "releases_experiment_lock", "resolve_resume", "unlock_experiment",
+    "check_model_config", "claim_experiment", "experiment_tokenizer", "file_sha256", "load_experiment_model",
+    "lock_experiment", "prepare_experiment", "read_history", "read_model_config", "record_model_config", "record_run_start",
+    "releases_experiment_lock", "require_folder", "resolve_resume", "unlock_experiment",
 ]

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from asrprec import checkpoint as ckpt
 from asrprec.atomic import atomic_write, atomic_write_text
 
-from .errors import ExperimentError, ModelMismatchError, TokenizerMismatchError
-from .lock import holds_lock, lock_experiment, now
+from .errors import ExperimentError, ModelMismatchError, TokenizerMismatchError, require_folder
+from .lock import claim_experiment, holds_lock, now
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,9 @@ def read_model_config(exp_dir: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no such folder, or no ``model.json`` in it.
-        ExperimentError: ``model.json`` is not a JSON object (truncated or hand-edited).
+        ExperimentError: ``exp_dir`` is a file; ``model.json`` is not a JSON object (truncated or hand-edited).
     """
-    exp_dir = Path(exp_dir)
+    exp_dir = require_folder(exp_dir, "--exp-dir", "pass the folder training wrote (model.json, epoch-N.pt)")
     if not exp_dir.is_dir():
         raise FileNotFoundError(f"the experiment folder {exp_dir} does not exist. Fix: pass the --exp-dir that "
                                 "training wrote its checkpoints to")
@@ -302,12 +302,7 @@ def _folder_snapshot(exp_dir: Path) -> Any:
 
 
 def _prepare(cfg: RunSpec, rank: int, model_config: dict[str, Any] | None) -> Path | None:
-    exp_dir = Path(cfg.exp_dir)
-    if exp_dir.exists() and not exp_dir.is_dir():
-        raise ExperimentError(f"--exp-dir {exp_dir} is a file, not a folder. Fix: pass a folder path")
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    if rank == 0:
-        lock_experiment(exp_dir)
+    exp_dir = claim_experiment(cfg.exp_dir, rank=rank)
     ckpt.remove_stale_temporaries(exp_dir, rank=rank)
     resume_from = resolve_resume(cfg)
     if resume_from is None:

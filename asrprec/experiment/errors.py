@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from asrprec import checkpoint as ckpt
 from asrprec.errors import AsrprecError
 
@@ -21,3 +24,16 @@ class ExperimentLockedError(ExperimentError):
 
 class TokenizerMismatchError(ExperimentError):
     """The tokenizer given is not the one the experiment's model was trained with."""
+
+
+def require_folder(path: str | os.PathLike, flag: str, fix: str = "pass a folder path (a missing one is made)") -> Path:
+    """``path``, unless it (or a folder above it) is a file: then an :class:`ExperimentError` naming ``flag``, the
+    file and ``fix``. Nothing is made or changed."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            where = "is a file" if p == path else f"lies under {p}, which is a file"
+            raise ExperimentError(f"{flag} {path} {where}, not a folder. Fix: {fix}, or move the file away")
+        if p.exists():
+            break
+    return path

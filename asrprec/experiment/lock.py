@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ExperimentLockedError
+from .errors import ExperimentLockedError, require_folder
 
 LOCK_NAME = "run.lock"
 
@@ -60,6 +60,22 @@ def lock_experiment(exp_dir: str | os.PathLike) -> Path:
     os.fsync(fd)
     _HELD[key] = fd
     return path
+
+
+def claim_experiment(exp_dir: str | os.PathLike, *, rank: int = 0) -> Path:
+    """Make the folder of a training run (refusing a path that is a file) and, on rank 0, take its lock
+    (:func:`lock_experiment`): the first thing a run does there, before it opens ``train.log``, so that a refused
+    second run writes nothing into the running job's folder. Returns the folder.
+
+    Raises:
+        ExperimentError: ``exp_dir`` (or a folder above it) is a file.
+        ExperimentLockedError: another process holds the lock.
+    """
+    exp_dir = require_folder(exp_dir, "--exp-dir")
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        lock_experiment(exp_dir)
+    return exp_dir
 
 
 def _describe_holder(text: str) -> str:

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from asrprec.experiment import adopt_tokenizer, prepare_experiment
+from asrprec.experiment import adopt_tokenizer, claim_experiment, prepare_experiment
 from asrprec.models.icefall import icefall_training_model, parse_icefall_source
 
 from asrprec.cli import setup_logging
@@ -28,7 +28,7 @@ _INVOCATION = ("resume", "start_epoch", "start_batch", "overwrite")
 
 def begin_training(cfg: TrainingConfig) -> None:
     """The first steps of a run: join torchrun's process group (nothing under a plain ``python``), the experiment
-    folder and its log (rank 0), ``train.threads``, and the seed (before the model is built, so that
+    folder and its lock, then its log (rank 0), ``train.threads``, and the seed (before the model is built, so that
     ``train.seed`` fixes its initialisation too)."""
     import torch
 
@@ -37,7 +37,8 @@ def begin_training(cfg: TrainingConfig) -> None:
     from .distributed import setup_distributed
 
     setup_distributed(cfg.precision.device)
-    Path(cfg.train.exp_dir).mkdir(parents=True, exist_ok=True)
+    # the lock before the log: a run refused because another holds the folder writes nothing into it
+    claim_experiment(cfg.train.exp_dir, rank=get_rank())
     setup_logging(str(Path(cfg.train.exp_dir) / "train.log"), rank=get_rank())
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)

@@ -101,14 +101,17 @@ def test_the_lock_is_held_for_the_run_and_released_after(tmp_path):
         assert json.loads((exp / LOCK_NAME).read_text())["pid"] == a.proc.pid
 
 
-def test_train_py_refuses_in_one_line(data_root, tmp_path):
+def test_train_py_refuses_in_one_line_and_writes_nothing_into_the_folder(data_root, tmp_path):
     exp = tmp_path / "exp"
     with Holder(exp) as a:
+        (exp / "train.log").write_text("the running job's log\n")
+        before = listing(exp)
         out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 1)
         assert out.code == 2 and "\n" not in out.error
-        assert f"is in use by another training run (PID {a.proc.pid} on " in out.error
+        assert f"is in use by another training run (PID {a.proc.pid} on " in out.error and ", started 20" in out.error
         out = recipe("train.py", "--data-dir", data_root, "--exp-dir", exp, "--num-epochs", 1, "--overwrite")
         assert out.code == 2 and f"PID {a.proc.pid}" in out.error
-        # the refused commands' log lines (the refusal) went to train.log; nothing else was written
+        # the lock is taken before the log is opened: the refusals went to stderr, not into the running job's log
+        assert listing(exp) == before
         assert sorted(p.name for p in exp.iterdir()) == [LOCK_NAME, "train.log"]
         assert json.loads((exp / LOCK_NAME).read_text())["pid"] == a.proc.pid
