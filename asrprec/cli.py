@@ -230,8 +230,8 @@ class ConfigCommandLine:
 
     def parser(self) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(description=self.description, formatter_class=_Formatter,
-                                    epilog="Every config field: --SECTION.FIELD VALUE (e.g. --train.base_lr 0.03); "
-                                           "see --print-config and docs/configuration.md.")
+                                    epilog="Any other config field: --SECTION.FIELD VALUE; --print-config shows them "
+                                           "all (docs/configuration.md).")
         p.add_argument("--config", action="append", default=[], metavar="FILE.yaml",
                        help="config file(s) over the defaults; flags and --SECTION.FIELD win")
         p.add_argument("--print-config", action="store_true", help="print the effective config as YAML and exit")

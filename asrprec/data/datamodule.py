@@ -106,7 +106,7 @@ class DataConfig:
     # batches sized by memory (asrprec.precision.batch_plan; asrprec.training.batch_plan applies them)
     max_memory: str = option("", metavar="SIZE",
                              help="size each bucket's batch to fit SIZE per GPU (40GB, 40GiB, 0.9 of the GPU)")
-    plan_only: bool = option(False, help="with max_memory: print the batch plan and exit")
+    plan_only: bool = option(False, help="with --max-memory: print the batch plan and exit")
     memory_safety: float = option(CALIBRATION_SAFETY, help="with max_memory: keep the projected step under SIZE x "
                                                            "this (projected / measured peak)")
 

@@ -41,7 +41,7 @@ class Espeak:
     data_dir: str = option(str(HERE / "data"), help="prepare.py's folder")
     exp_dir: str = option(str(HERE / "exp" / "default"), help="the experiment folder")
     max_duration: float = option(300.0, help="seconds of audio per batch")
-    splits: tuple[str, ...] = option(("test", "dev"), metavar="SPLIT,SPLIT", help="the splits to decode")
+    splits: tuple[str, ...] = option(("test", "dev"), metavar="SPLIT", help="the splits to decode")
 
 
 @dataclass
