@@ -89,8 +89,9 @@ def test_causal_zipformer_streams(tmp_path):
     data, exp = tmp_path / "data", tmp_path / "exp"
     run(RECIPE / "prepare.py", "--data-dir", data, "--num-train", 24, "--num-dev", 4, "--num-test", 8,
         "--vocab-size", 40)
-    run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--num-epochs", 1, "--train.max_batches_per_epoch", 2,
-        "--max-duration", 20, "--train.progress_bar", "false", "--encoder", "zipformer", "--causal")
+    run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--num-epochs", 1,
+        "--train.max_batches_per_epoch", 2, "--max-duration", 20, "--train.progress_bar", "false",
+        "--encoder", "zipformer", "--causal")
     common = ("--data-dir", data, "--exp-dir", exp, "--epoch", 1, "--splits", "test", "--chunk-size", 16,
               "--left-context-frames", 64)
     out = run(RECIPE / "decode.py", *common, "--streaming")

@@ -23,7 +23,8 @@ def trained(tmp_path, run_script):  # noqa: F811
                "--test", f"other={src['kaldi']}", "--data-dir", data, "--vocab-size", VOCAB, "--bpe-model-type",
                "bpe", "--num-jobs", 1)
     run_script(RECIPE / "train.py", "--data-dir", data, "--vocab-size", VOCAB, "--exp-dir", exp, "--size", "tiny",
-               "--num-epochs", 1, "--max-duration", 4, "--num-buckets", 2, "--num-workers", 0, "--train.progress_bar", "false")
+               "--num-epochs", 1, "--max-duration", 4, "--num-buckets", 2, "--num-workers", 0,
+               "--train.progress_bar", "false")
     return data, exp
 
 

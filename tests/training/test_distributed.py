@@ -422,8 +422,8 @@ def test_espeak_recipe_trains_and_decodes_under_torchrun(tmp_path):
     run(recipe / "prepare.py", "--data-dir", data, "--num-train", 40, "--num-dev", 8, "--num-test", 8,
         "--vocab-size", 40)
     run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", 2, recipe / "train.py", "--data-dir", data,
-        "--exp-dir", exp, "--num-epochs", 2, "--train.max_batches_per_epoch", 3, "--max-duration", 10, "--train.progress_bar", "false",
-        "--train.scan_oom", "on", "--train.average_period", 1)
+        "--exp-dir", exp, "--num-epochs", 2, "--train.max_batches_per_epoch", 3, "--max-duration", 10,
+        "--train.progress_bar", "false", "--train.scan_oom", "on", "--train.average_period", 1)
     log = (exp / "train.log").read_text()
     assert "processes: rank 0 of 2 (local rank 0), backend gloo" in log and "[rank 1]" not in log
     assert "OOM scan: single_longest_cut" in log
