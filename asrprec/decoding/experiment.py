@@ -161,7 +161,7 @@ def load_for_decoding(exp_dir: Path | str, cfg: DecodeConfig, precision: Any) ->
     from asrprec.decoding.api import check_method
     from asrprec.models import configure_streaming
     from asrprec.devices import resolve_device
-    from asrprec.experiment import ExperimentError, build_experiment_model
+    from asrprec.experiment import ExperimentError, build_experiment_model, require_folder
 
     exp_dir = Path(exp_dir)
     icefall = parse_icefall_source(cfg.init_from)
@@ -169,7 +169,7 @@ def load_for_decoding(exp_dir: Path | str, cfg: DecodeConfig, precision: Any) ->
         from asrprec.models.icefall import load_icefall
 
         model, _ = load_icefall(icefall, cfg.icefall_args or None)
-        exp_dir.mkdir(parents=True, exist_ok=True)
+        require_folder(exp_dir, "--exp-dir", "pass a folder for the result files").mkdir(parents=True, exist_ok=True)
         weights = f"icefall checkpoint {icefall}"
     else:
         model = build_experiment_model(exp_dir)

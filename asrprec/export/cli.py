@@ -74,12 +74,17 @@ def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
     :mod:`asrprec.export.ctc`), plus ``export.json`` saying what was exported; return the folder.
     ``tokenizer`` may be a function returning it, called once the experiment's model has loaded (so that a wrong
     ``--exp-dir`` is reported before a missing tokenizer)."""
+    from asrprec.experiment import require_folder
+
     from . import convert_fp16, export_offline, export_streaming, load_experiment_model, quantize_int8
 
     try:
         cfg.require_weights("export")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    # a file where a folder goes is named before the model loads
+    require_folder(cfg.exp_dir, "--exp-dir", "pass the folder training wrote (model.json, epoch-N.pt)")
+    out_dir = require_folder(cfg.out_dir or Path(cfg.exp_dir) / f"onnx-{cfg.tag()}", "--out-dir")
     icefall = parse_icefall_source(cfg.init_from)
     if icefall is not None:
         from asrprec.models.icefall import load_icefall
@@ -94,7 +99,6 @@ def export_experiment(cfg: ExportConfig, tokenizer: Any) -> Path:
     elif callable(tokenizer):
         tokenizer = tokenizer()
     print("weights:", source)
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.exp_dir) / f"onnx-{cfg.tag()}"
     if cfg.ctc or not model.use_transducer:
         _export_ctc(cfg, model, tokenizer, out_dir)
     if not model.use_transducer:

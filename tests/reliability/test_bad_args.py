@@ -229,3 +229,28 @@ def test_decode_needs_only_the_decoded_split(trained, data_root, tmp_path):
     assert out.code is None and "test: WER" in out.text, out.text
     out = recipe("decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--splits", "dev")
     assert f"{data / 'espeak_cuts_dev_fbank.jsonl.gz'} is missing" in out.error
+
+
+def test_a_file_where_a_folder_goes_is_named_with_the_fix(trained, data_root, tmp_path):
+    afile = tmp_path / "notes.txt"
+    afile.write_text("a file, not a folder\n")
+
+    def names():
+        return sorted(p.name for p in tmp_path.iterdir())
+
+    before = names()
+    for args, flag, path, where in (
+            (("train.py", "--data-dir", data_root, "--exp-dir", afile), "--exp-dir", afile, "is a file"),
+            (("train.py", "--data-dir", data_root, "--exp-dir", afile / "exp"), "--exp-dir", afile / "exp",
+             f"lies under {afile}, which is a file"),
+            (("decode.py", "--data-dir", data_root, "--exp-dir", afile, "--epoch", 1), "--exp-dir", afile, "is a file"),
+            (("export.py", "--data-dir", data_root, "--exp-dir", afile, "--epoch", 1), "--exp-dir", afile, "is a file"),
+            (("export.py", "--data-dir", data_root, "--exp-dir", trained, "--epoch", 1, "--out-dir", afile),
+             "--out-dir", afile, "is a file")):
+        out = recipe(*args)
+        assert out.code == 2 and "\n" not in out.error, (args, out.text)
+        assert f"{flag} {path} {where}, not a folder. Fix: " in out.error and "or move the file away" in out.error, \
+            out.error
+        assert "Errno" not in out.error and "Traceback" not in out.text
+        assert afile.read_text() == "a file, not a folder\n" and names() == before
+    assert not list(trained.glob("onnx-*"))  # export wrote nothing
