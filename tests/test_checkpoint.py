@@ -14,6 +14,7 @@ from torch import nn
 from asrprec.checkpoint import (
     CheckpointMismatchError,
     CheckpointPolicyWarning,
+    EpochSelectionError,
     LoadOptions,
     TrainingObjects,
     average_checkpoints,
@@ -237,10 +238,13 @@ def test_find_epoch_checkpoints_errors(tmp_path):
         (tmp_path / f"epoch-{e}.pt").write_bytes(b"x")
     with pytest.raises(FileNotFoundError, match=r"missing epoch-3\.pt.*present: epoch-1\.pt, epoch-2\.pt, epoch-4\.pt"):
         find_epoch_checkpoints(tmp_path, epoch=4, avg=3)
-    with pytest.raises(ValueError, match="avg <= 2"):
+    with pytest.raises(EpochSelectionError, match=r"--avg 3 with --epoch 2 would average epochs 0\.\.2, but epochs "
+                       r"count from 1 \(present in .*: epoch-1\.pt, epoch-2\.pt, epoch-4\.pt\)\. Fix: --avg 2 or less"):
         find_epoch_checkpoints(tmp_path, epoch=2, avg=3)
-    with pytest.raises(ValueError, match="avg must be >= 1"):
+    with pytest.raises(EpochSelectionError, match="--avg 0: the number of epochs averaged is at least 1. Fix: --avg 1"):
         find_epoch_checkpoints(tmp_path, epoch=2, avg=0)
+    with pytest.raises(EpochSelectionError, match=r"--epoch 0: epochs count from 1 .*Fix: pass --epoch N of one"):
+        find_epoch_checkpoints(tmp_path, epoch=0, avg=1)
     assert [p.name for p in find_epoch_checkpoints(tmp_path, epoch=2, avg=2)] == ["epoch-1.pt", "epoch-2.pt"]
 
 

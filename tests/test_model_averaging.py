@@ -71,7 +71,7 @@ def test_averaging_errors_name_the_fix(tmp_path):
     save_checkpoint(tmp_path / "epoch-3.pt", TrainingObjects(model=m, model_avg=avg))
     with pytest.raises(CheckpointMismatchError, match="smaller --average-period"):
         average_between(tmp_path / "epoch-2.pt", tmp_path / "epoch-3.pt")
-    with pytest.raises(ValueError, match="1 <= avg <= epoch"):
+    with pytest.raises(ValueError, match="--avg 3 with --epoch 2 would average epochs 0..2.*Fix: --avg 2 or less"):
         load_decoding_weights(m, tmp_path, 2, 3, use_averaged_model=True)
     with pytest.raises(ValueError, match=">= 1 batch"):
         RunningAverage(m, period=0)

@@ -11,7 +11,7 @@ from torch import nn
 
 from asrprec.models.unwrap import unwrap_model
 
-from .files import find_epoch_checkpoints
+from .files import check_epoch_selection, find_epoch_checkpoints
 from .io import CheckpointMismatchError, load_model_weights, read_checkpoint, verify_weights
 
 
@@ -173,8 +173,7 @@ def load_decoding_weights(model: nn.Module, exp_dir: str | os.PathLike, epoch: i
         source = f"average of {', '.join(p.name for p in paths)}"
         load_model_weights(model, average_checkpoints(paths, allow_nonfinite=allow_nonfinite), source=source)
         return source
-    if not 1 <= avg <= epoch:
-        raise ValueError(f"--use-averaged-model averages the epochs after epoch {epoch}-{avg}: need 1 <= avg <= epoch")
+    check_epoch_selection(exp_dir, epoch, avg)  # the snapshots after epoch E-A, since the start when A == E
     end = find_epoch_checkpoints(exp_dir, epoch, 1)[0]
     start = None if epoch - avg == 0 else find_epoch_checkpoints(exp_dir, epoch - avg, 1)[0]
     source = f"running average from {start.name if start else 'the start'} to {end.name}"

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from asrprec.atomic import TEMPORARY_GLOB
+from asrprec.errors import AsrprecError
 
 log = logging.getLogger(__name__)
 
@@ -16,6 +17,11 @@ log = logging.getLogger(__name__)
 EPOCH_PATTERN = "epoch-*.pt"
 BATCH_PATTERN = "checkpoint-*.pt"
 BAD_MODEL_NAME = "bad-model.pt"
+
+
+class EpochSelectionError(AsrprecError, ValueError):
+    """``--epoch E --avg A`` name epochs no folder holds (A < 1, E < 1, A > E); the message names the flag, the
+    epochs the folder holds and the fix."""
 
 
 def epoch_checkpoint_path(exp_dir: str | os.PathLike, epoch: int) -> Path:
@@ -108,12 +114,29 @@ def keep_last_k(
     return doomed
 
 
-def find_epoch_checkpoints(exp_dir: str | os.PathLike, epoch: int, avg: int) -> list[Path]:
-    """``epoch-(epoch-avg+1).pt … epoch-{epoch}.pt`` in ``exp_dir`` (icefall's ``--epoch E --avg A``)."""
+def check_epoch_selection(exp_dir: str | os.PathLike, epoch: int, avg: int) -> None:
+    """Refuse ``--epoch E --avg A`` that no folder can satisfy (epochs count from 1) with an
+    :class:`EpochSelectionError` naming the flag, the epochs ``exp_dir`` holds and the fix."""
     if avg < 1:
-        raise ValueError(f"avg must be >= 1, got {avg}")
-    if epoch - avg + 1 < 1:
-        raise ValueError(f"cannot average {avg} epochs ending at epoch {epoch} (epochs start at 1); use avg <= {epoch}")
+        raise EpochSelectionError(f"--avg {avg}: the number of epochs averaged is at least 1. Fix: --avg 1 (epoch-N.pt "
+                                  "alone) or --avg A to average the A epochs ending at --epoch")
+    if 1 <= epoch and avg <= epoch:
+        return
+    have = ", ".join(p.name for p in sorted(list_checkpoints(exp_dir, EPOCH_PATTERN), key=checkpoint_number))
+    present = f"present in {exp_dir}: {have or 'none'}"
+    if epoch < 1:
+        raise EpochSelectionError(f"--epoch {epoch}: epochs count from 1 (epoch-N.pt is written at the end of epoch N; "
+                                  f"{present}). Fix: pass --epoch N of one of them")
+    raise EpochSelectionError(f"--avg {avg} with --epoch {epoch} would average epochs {epoch - avg + 1}..{epoch}, but "
+                              f"epochs count from 1 ({present}). Fix: --avg {epoch} or less")
+
+
+def find_epoch_checkpoints(exp_dir: str | os.PathLike, epoch: int, avg: int) -> list[Path]:
+    """``epoch-(epoch-avg+1).pt … epoch-{epoch}.pt`` in ``exp_dir`` (icefall's ``--epoch E --avg A``).
+
+    Raises :class:`EpochSelectionError` (:func:`check_epoch_selection`), or FileNotFoundError naming the missing
+    files and those present."""
+    check_epoch_selection(exp_dir, epoch, avg)
     paths = [epoch_checkpoint_path(exp_dir, e) for e in range(epoch - avg + 1, epoch + 1)]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:

@@ -28,8 +28,12 @@ class WeightsOptions:
         if self.init_from and parse_icefall_source(self.init_from) is None:
             raise ValueError(f"--init-from {self.init_from!r}: this program takes an icefall checkpoint as "
                              "icefall:FILE; an asrprec run is loaded with --exp-dir and --epoch")
+        if self.epoch is not None and self.epoch < 1:
+            raise ValueError(f"--epoch {self.epoch}: epochs count from 1 (epoch-N.pt is written at the end of epoch "
+                             "N). Fix: pass --epoch N of an epoch-N.pt in --exp-dir")
         if self.avg < 1:
-            raise ValueError(f"avg must be >= 1, got {self.avg}")
+            raise ValueError(f"--avg {self.avg}: the number of epochs averaged is at least 1. Fix: --avg 1 (epoch-N.pt "
+                             "alone) or --avg A to average the A epochs ending at --epoch")
 
     def require_weights(self, what: str = "load") -> None:
         """Raise ValueError unless an epoch or an icefall checkpoint is named."""

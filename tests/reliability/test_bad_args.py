@@ -254,3 +254,21 @@ def test_a_file_where_a_folder_goes_is_named_with_the_fix(trained, data_root, tm
         assert "Errno" not in out.error and "Traceback" not in out.text
         assert afile.read_text() == "a file, not a folder\n" and names() == before
     assert not list(trained.glob("onnx-*"))  # export wrote nothing
+
+
+def test_decode_weights_selection_errors_are_one_line(trained, data_root):
+    before = sorted(p.name for p in trained.iterdir())
+    present = f"present in {trained}: epoch-1.pt, epoch-2.pt"
+    for args, expected in (
+            (("--epoch", 2, "--avg", 3), f"--avg 3 with --epoch 2 would average epochs 0..2, but epochs count from 1 "
+                                         f"({present}). Fix: --avg 2 or less"),
+            (("--epoch", 2, "--avg", 3, "--use-averaged-model"), "--avg 3 with --epoch 2 would average epochs 0..2"),
+            (("--epoch", 1, "--avg", 0), "--avg 0: the number of epochs averaged is at least 1. Fix: --avg 1 "
+                                         "(epoch-N.pt alone)"),
+            (("--epoch", 0), "--epoch 0: epochs count from 1 (epoch-N.pt is written at the end of epoch N). Fix: "
+                             "pass --epoch N of an epoch-N.pt in --exp-dir")):
+        for script in ("decode.py", "export.py"):
+            out = recipe(script, "--data-dir", data_root, "--exp-dir", trained, *args)
+            assert out.code == 2 and "\n" not in out.error and expected in out.error, (script, args, out.text)
+            assert "avg <= 0" not in out.error and "Traceback" not in out.text
+    assert sorted(p.name for p in trained.iterdir()) == before  # no result or ONNX file written
