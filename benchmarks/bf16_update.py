@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import functools
 import platform
 import runpy
 import sys
@@ -36,7 +35,6 @@ from torch import nn
 from asrprec.models import build_transducer, count_parameters, set_batch_count
 from asrprec.optim import Bf16Update, ScaledAdam
 from asrprec.optim.bf16_update import bytes_per_parameter
-from asrprec import precision
 from asrprec.precision import MasterWeightOptimizer, get_policy
 from asrprec.experiment import read_history
 
@@ -166,20 +164,19 @@ def run_rounded_away(args, recipe_args: list[str]) -> None:
         exp_dir = Path(args.exp_root) / (f"bf16-update-{update}" + ("-bf16-moments" if args.bf16_moments else ""))
         argv = [str(ROOT / "recipes/espeak/train.py"), "--precision", "bf16", "--bf16-update", update,
                 "--exp-dir", str(exp_dir), "--num-epochs", str(args.epochs), "--threads", "1", "--seed",
-                str(args.seed), "--overwrite", *recipe_args]
+                str(args.seed), "--overwrite", *(("--precision.bf16_moments", "true") if args.bf16_moments else ()),
+                *recipe_args]
         h_pre, h_post = register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)
-        saved_argv, saved_get_policy = sys.argv, precision.get_policy
+        saved_argv = sys.argv
         try:
             sys.argv = argv
-            if args.bf16_moments:  # the recipes have no flag for it: their policy gets it here
-                precision.get_policy = functools.partial(saved_get_policy, bf16_moments=True)
             print("+", " ".join(argv), flush=True)
             runpy.run_path(argv[0], run_name="__main__")
         except SystemExit as e:
             if e.code not in (0, None):
                 raise
         finally:
-            sys.argv, precision.get_policy = saved_argv, saved_get_policy
+            sys.argv = saved_argv
             h_pre.remove()
             h_post.remove()
         start = 0
