@@ -190,3 +190,18 @@ def test_the_saved_config_starts_the_same_run_again(tmp_path):
     assert again == want and (again.train.resume, again.train.overwrite) == ("", False)
     path.write_text("# an older run's\n")
     assert save_config(cfg, resuming=True) is None and path.read_text() == "# an older run's\n"  # kept on resume
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("decode", ["--epoch", "3", "--decoding-method", "modified_beam_search", "--splits", "test", "--decode.beam_size",
+                "8", "--decode.greedy_method", "frame_looping"]),
+    ("export", ["--epoch", "3", "--int8", "--export.out_dir", "onnx"]),
+])
+def test_decode_and_export_configs_print_and_read_back(script, argv, tmp_path, capsys):
+    cl = _load("librispeech", script).command_line
+    with pytest.raises(SystemExit) as e:
+        cl().parse([*argv, "--print-config"])
+    assert e.value.code == 0
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(capsys.readouterr().out)
+    assert cl().parse(["--config", str(printed)]) == cl().parse(argv)
