@@ -23,11 +23,18 @@ the code is ours). The B × K hypotheses (K = beam) each keep their own frame po
    different futures; the sequences are compared by a 64-bit rolling hash with their lengths and last labels).
 
 The loop ends when every hypothesis is finished; the result is the best by length-normalised score (icefall's rule,
-as :func:`asrprec.decoding.modified_beam_search`) or raw score. On a CUDA device each step has static shapes (the
-host reads one flag: any hypothesis active?), the structure a CUDA graph captures (label looping's ``no_while_loops``
-mode; here it runs eagerly); elsewhere the joiner runs only for active hypotheses and the decoder only for those
-that took a label, once per distinct context (its output depends on the last C tokens only; kept for the call when
-V^C is at most 65,536). With K = 1 it makes greedy search's decisions.
+as :func:`asrprec.decoding.modified_beam_search`) or raw score. With K = 1 it makes greedy search's decisions.
+
+One step is a fixed list of tensor operations on the whole (B, K) block, with no Python loop over utterances,
+hypotheses or labels: one joiner call on each hypothesis's frame (gathered from the encoder projection made once
+for the call), one ``topk`` over each utterance's K × V candidates, one ``gather`` of the survivors' packed state, and
+the merge as (B, K, K) comparisons. The state lives in preallocated tensors (:class:`BeamState`) updated in place, so
+the step has static shapes and addresses: on a CUDA device :class:`MalsdBeamSearch` captures it once as a CUDA graph
+and replays it, the host reading one flag (any hypothesis active?) between replays (label looping's
+``no_while_loops`` mode, :mod:`asrprec.decoding.label_looping`), and the decoder runs on every row. Elsewhere
+(eagerly) each step computes only the utterances up to the last one still active (the batch is sorted by length),
+and the decoder runs only for the hypotheses that took a label, once per distinct context: its output depends on the
+last C tokens only, and is kept for the call when V^C is at most 65,536.
 
 Legend: B utterances, K beam, T encoder frames, J joiner width, V vocabulary (blank included), D durations,
 L the longest label sequence (T · max_sym_per_frame), C the decoder's context size.
@@ -35,23 +42,374 @@ L the longest label sequence (T · max_sym_per_frame), C the decoder's context s
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, fields
+
 import torch
 from torch import nn
+
+from asrprec.precision.islands import autocast_dtype, autocast_without_cache
 
 from ._common import log_softmax_fp32, model_device, sort_and_project
 from .fusion import BatchFusion
 from .hypothesis import DecodingResult, results_of
 
-__all__ = ["malsd_beam_search"]
+__all__ = ["BeamState", "MalsdBeamSearch", "malsd_beam_search"]
+
+log = logging.getLogger(__name__)
 
 NEG_INF = float("-inf")
 _HASH_MUL = 1_000_003  # the rolling hash h' = h · M + (token + 1), wrapping in int64
+_T, _SYM, _LEN, _LAST, _HASH, _CTX = range(6)  # the fields of BeamState.ints; the C context tokens from _CTX on
 
 
-@torch.no_grad()
+@dataclass
+class BeamState:
+    """The search's variables, preallocated for up to ``B_cap`` utterances of up to ``T_cap`` frames.
+
+    Attributes:
+        enc: (B_cap, T_cap, J) projected encoder output (rows past the batch are zero, with length 0).
+        lens: (B_cap,) valid frames. score: (B_cap, K) float64 log-probabilities (-inf: an empty slot).
+        ints: (B_cap, K, 5 + C) int64, per hypothesis: frame, labels emitted on it, label count, last label (-1:
+            none), rolling hash of the labels, then the decoder's C context tokens; one ``gather`` reorders them all.
+        tokens: (B_cap, K, L) labels; stamps: (B_cap, K, L) each label's frame; durs: (B_cap, K, L) its TDT
+            duration (the last two only when asked for; else (B_cap, K, 1), unused). Columns past a hypothesis's
+            label count hold junk.
+        dec: (B_cap, K, J) projected decoder output of each hypothesis's context; dec0: (J,) the start context's.
+        flag: (1,) bool, any hypothesis active (read by the host after each step).
+        frame0: (B_cap, 1) each utterance's first row in ``enc`` seen as (B_cap · T_cap, J); hyp0: (B_cap, 1) its
+            first hypothesis's row in (B_cap · K) (row copies by ``index_select``, cheaper than ``gather``).
+    """
+
+    enc: torch.Tensor
+    lens: torch.Tensor
+    score: torch.Tensor
+    ints: torch.Tensor
+    tokens: torch.Tensor
+    stamps: torch.Tensor
+    durs: torch.Tensor
+    dec: torch.Tensor
+    dec0: torch.Tensor
+    flag: torch.Tensor
+    frame0: torch.Tensor
+    hyp0: torch.Tensor
+
+    def data_ptrs(self) -> dict[str, int]:
+        """Storage address of every tensor (the steps must leave them unchanged: a CUDA graph replays on them)."""
+        return {f.name: getattr(self, f.name).data_ptr() for f in fields(self)}
+
+
+class MalsdBeamSearch:
+    """``malsd_batch`` bound to one model, keeping its state (and CUDA graph) between calls.
+
+    Args:
+        model: a transducer (:class:`~asrprec.decoding.SearchableTransducer`); a TDT model (``model.durations``) is
+            searched over (label, duration) pairs. Any precision.
+        beam: hypotheses per utterance (>= 1). max_sym_per_frame: labels per frame (>= 1).
+        length_norm: final choice by ``score / (context_size + len(tokens))`` (icefall) or by raw score.
+        use_cuda_graphs: ``None`` captures the step as a CUDA graph when the model is on a CUDA device and runs
+            eagerly elsewhere (or when capture fails, with a warning); ``True`` requires it (an error on CPU);
+            ``False`` never captures.
+        static_shapes: compute every hypothesis at every step (fixed shapes and addresses, what a CUDA graph
+            replays; the default with graphs) instead of only the utterances still active and the decoder only for
+            new contexts (the default without); the same results.
+    """
+
+    def __init__(self, model: nn.Module, beam: int = 4, max_sym_per_frame: int = 1, *, length_norm: bool = True,
+                 use_cuda_graphs: bool | None = None, static_shapes: bool | None = None):
+        if not isinstance(beam, int) or beam < 1:
+            raise ValueError(f"beam must be an integer >= 1, got {beam!r}")
+        if not isinstance(max_sym_per_frame, int) or max_sym_per_frame < 1:
+            raise ValueError(f"max_sym_per_frame must be an integer >= 1, got {max_sym_per_frame!r}")
+        self.model, self.K, self.S, self.length_norm = model, beam, max_sym_per_frame, length_norm
+        self.device = model_device(model)
+        if use_cuda_graphs and self.device.type != "cuda":
+            raise ValueError(
+                f"use_cuda_graphs=True needs a model on a CUDA device, but it is on {self.device}. "
+                "Fix: move the model to CUDA, or pass use_cuda_graphs=None (capture only on CUDA)."
+            )
+        self.use_cuda_graphs = self.device.type == "cuda" if use_cuda_graphs is None else bool(use_cuda_graphs)
+        self._static = self.use_cuda_graphs if static_shapes is None else bool(static_shapes)
+        if self.use_cuda_graphs and not self._static:
+            raise ValueError("CUDA graphs need static_shapes=True (or None)")
+        self._required = bool(use_cuda_graphs)
+        self.blank, self.C, self.V = model.blank_id, model.context_size, model.vocab_size
+        i64 = dict(dtype=torch.int64, device=self.device)
+        durations = list(model.durations)
+        self.tdt = bool(durations)
+        if self.tdt:  # candidate pair p = label · D + duration index
+            self.dur = torch.tensor(durations, **i64)
+            self.D = self.dur.numel()
+            self.pair_label = torch.arange(self.V * self.D, device=self.device) // self.D
+            jump = self.dur.repeat(self.V)
+            self.pair_jump = torch.where(self.pair_label == self.blank, jump.clamp(min=1), jump)
+        W = self.V * (self.D if self.tdt else 1)
+        # a finished hypothesis's candidates: itself (as a blank, pair (blank, first duration)), nothing else
+        self.keep_self = torch.full((W,), NEG_INF, dtype=torch.float64, device=self.device)
+        self.keep_self[self.blank * (self.D if self.tdt else 1)] = 0.0
+        K = beam
+        self.earlier = torch.arange(K, device=self.device)[None, :] < torch.arange(K, device=self.device)[:, None]
+        self.place = self.V ** torch.arange(self.C - 1, -1, -1, **i64)  # context -> its index in the cache
+        self.state: BeamState | None = None
+        self._graph = None
+        self._key: tuple | None = None
+        self._fusion: BatchFusion | None = None
+        self._fstate: torch.Tensor | None = None  # (B_cap, K, 4) fusion states (eager only)
+        self._cache = self._known = self._weights = None
+        self._params = list(model.parameters())
+
+    @torch.no_grad()
+    def __call__(self, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, *, fusion: BatchFusion | None = None,
+                 return_scores: bool = False, return_results: bool = False,
+                 ) -> list[list[int]] | tuple[list[list[int]], list[float]] | list[DecodingResult]:
+        """Decode a batch: encoder_out (B, T, D_enc) from ``model.encode``, encoder_out_lens (B,) integer (0 allowed).
+
+        ``fusion``: LM / LODR / phrase bonuses for non-blank labels (:mod:`asrprec.decoding.fusion`; a batch with
+        fusion runs eagerly); an unfinished phrase gives its bonus back before the final choice. Returns B token-id
+        lists in the input order; with ``return_scores`` also B floats (float64 sums of fp32 log-probabilities);
+        with ``return_results`` B :class:`~asrprec.decoding.DecodingResult`: each token's frame (where the chosen
+        hypothesis emitted it), a TDT model's durations (of the chosen (label, duration) pairs), the score.
+        """
+        batch = sort_and_project(self.model, encoder_out, encoder_out_lens)
+        B, T = encoder_out.shape[:2]
+        if B == 0 or T == 0:
+            empty = [[] for _ in range(B)]
+            if return_results:
+                return results_of(empty, empty, empty if self.tdt else None, [0.0] * B)
+            return (empty, [0.0] * B) if return_scores else empty
+        order = torch.tensor(batch.order, device=self.device)
+        lens = encoder_out_lens.to(self.device, torch.int64).index_select(0, order)
+        self._fusion = fusion
+        s = self._load(batch.encoder_proj, lens, return_results)
+        if fusion is not None:  # padding rows (past the batch) take the first utterance's start state
+            rows = torch.zeros(s.enc.shape[0], dtype=torch.int64, device=self.device)
+            rows[:B] = order
+            self._fstate = fusion.start(rows)[:, None, :].repeat(1, self.K, 1)
+        self._run(s)
+
+        score, ints = s.score[:B], s.ints[:B]
+        final = score.clone()
+        if fusion is not None:
+            final = final + fusion.final(self._fstate[:B].reshape(-1, 4)).view(B, self.K).double()
+        length = ints[..., _LEN]
+        rank = final / (self.C + length) if self.length_norm else final
+        rank = torch.where(final > NEG_INF, rank, NEG_INF)
+        best_k = rank.argmax(dim=1)  # (B,)
+        rows = torch.arange(B, device=self.device)
+        n = length[rows, best_k].tolist()
+
+        def chosen(buf: torch.Tensor) -> list[list[int]]:
+            return batch.unsort([row[:k] for row, k in zip(buf[:B][rows, best_k].tolist(), n)])
+
+        hyps = chosen(s.tokens)
+        scores = batch.unsort(final[rows, best_k].tolist())
+        if return_results:
+            return results_of(hyps, chosen(s.stamps), chosen(s.durs) if self.tdt else None, scores)
+        return (hyps, scores) if return_scores else hyps
+
+    # -- state ------------------------------------------------------------------------------------
+    def _load(self, enc: torch.Tensor, lens: torch.Tensor, stamps: bool) -> BeamState:
+        """Put the batch into the state (reallocating, and dropping a captured graph, when it does not fit)."""
+        B, T, _ = enc.shape
+        key = (enc.shape[-1], enc.dtype, autocast_dtype(enc), torch.is_inference_mode_enabled())
+        s = self.state
+        graphs = self.use_cuda_graphs and self._fusion is None
+        fits = (s is not None and key == self._key and B <= s.enc.shape[0] and T <= s.enc.shape[1]
+                and (graphs or (B == s.enc.shape[0] and T == s.enc.shape[1])))  # eager: no padding rows
+        fits = fits and (graphs or stamps <= (s.stamps.shape[-1] > 1))
+        if not fits:
+            if graphs and s is not None and key == self._key:
+                B, T = max(B, s.enc.shape[0]), max(T, s.enc.shape[1])
+            s = self.state = self._allocate(B, T, enc, stamps or graphs)
+            self._key, self._graph = key, None
+        s.enc.zero_()
+        s.enc[: enc.shape[0], : enc.shape[1]].copy_(enc)
+        s.lens.zero_()
+        s.lens[: lens.shape[0]].copy_(lens)
+        if graphs and self._graph is None:
+            self._graph = self._capture(s)
+        self._reset(s)
+        return s
+
+    def _allocate(self, B: int, T: int, enc: torch.Tensor, stamps: bool) -> BeamState:
+        K, C = self.K, self.C
+        i64 = dict(dtype=torch.int64, device=self.device)
+        dec0 = self.model.project_decoder(torch.full((1, C), self.blank, **i64))[0]  # (J,)
+        L = T * self.S + 1
+        Ls = L if stamps else 1
+        return BeamState(
+            enc=torch.zeros(B, T, enc.shape[-1], dtype=enc.dtype, device=self.device),
+            lens=torch.zeros(B, **i64), score=torch.zeros(B, K, dtype=torch.float64, device=self.device),
+            ints=torch.zeros(B, K, _CTX + C, **i64), tokens=torch.zeros(B, K, L, **i64),
+            stamps=torch.zeros(B, K, Ls, **i64), durs=torch.zeros(B, K, Ls if self.tdt else 1, **i64),
+            dec=dec0.expand(B, K, -1).clone(), dec0=dec0, flag=torch.zeros(1, dtype=torch.bool, device=self.device),
+            frame0=torch.arange(B, **i64)[:, None] * T, hyp0=torch.arange(B, **i64)[:, None] * K,
+        )
+
+    def _reset(self, s: BeamState) -> None:
+        """Every utterance back to one empty hypothesis on frame 0 with the start context."""
+        s.score.fill_(NEG_INF)
+        s.score[:, 0] = 0.0
+        s.ints.zero_()
+        s.ints[..., _LAST] = -1
+        s.ints[..., _CTX:] = self.blank
+        s.dec.copy_(s.dec0.expand_as(s.dec))
+        torch.any(s.lens > 0, dim=0, keepdim=True, out=s.flag)
+        if self._static or self.V ** self.C > 1 << 16:
+            self._cache = self._known = None
+            return
+        # the eager decoder cache, kept between calls while the weights and the compute dtype stay the same
+        weights = (self._key, tuple((p.data_ptr(), p._version) for p in self._params))
+        if self._cache is None or weights != self._weights:
+            self._cache = s.dec.new_empty(self.V ** self.C, s.dec.shape[-1])
+            self._known = torch.zeros(self.V ** self.C, dtype=torch.bool, device=self.device)
+            self._weights = weights
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _run(self, s: BeamState) -> None:
+        if self._graph is not None and self._fusion is None:
+            while bool(s.flag):  # the one host read per step
+                self._graph.replay()
+            return
+        if self._static:
+            while bool(s.flag):
+                self._step(s, s.enc.shape[0])
+            return
+        while True:  # eagerly, only the utterances up to the last one with an active hypothesis
+            t = s.ints[..., _T]
+            live = ((t < s.lens[:, None]) & (s.score > NEG_INF)).any(dim=1).nonzero()
+            if not live.numel():
+                break
+            self._step(s, int(live[-1]) + 1)
+
+    def _step(self, s: BeamState, n: int) -> None:
+        """One expansion of the first ``n`` utterances' hypotheses (the rules in the module docstring), in place."""
+        K, V, S, blank = self.K, self.V, self.S, self.blank
+        T, J, L = s.enc.shape[1], s.dec.shape[-1], s.tokens.shape[-1]
+        score, ints, lens = s.score[:n], s.ints[:n], s.lens[:n, None]
+        t = ints[..., _T]
+        active = (t < lens) & (score > NEG_INF)  # (n, K)
+        finished = ~active
+        frames = t.clamp(max=T - 1)
+        enc = s.enc.view(-1, J).index_select(0, (s.frame0[:n] + frames).view(-1)).view(n, K, J)
+        logits = self.model.join_projected(enc, s.dec[:n])
+        lp = log_softmax_fp32(logits[..., :V]).double()  # (n, K, V)
+        fusion = self._fusion
+        if fusion is not None:
+            bonus, next_fstate = fusion.scores(self._fstate[:n].reshape(n * K, 4))  # (n·K, V), (n·K, V, 4)
+            lp = lp + bonus.view(n, K, V).double()
+        if self.tdt:
+            lp = (lp[..., None] + log_softmax_fp32(logits[..., V:]).double()[..., None, :]).view(n, K, -1)
+        W = lp.shape[-1]
+        cand = torch.where(finished[..., None], self.keep_self, lp) + score[..., None]  # (n, K, W)
+        best, choice = cand.view(n, K * W).topk(K, dim=1)  # (n, K): one topk over each utterance's K · W
+        src = torch.div(choice, W, rounding_mode="floor")
+        picked = choice - src * W  # label (RNN-T) or (label, duration) pair (TDT)
+        label = self.pair_label[picked] if self.tdt else picked
+        was_finished = finished.gather(1, src)
+        alive = best > NEG_INF
+        emit = (label != blank) & ~was_finished & alive
+
+        # the survivors' state, by their source hypothesis
+        flat = (s.hyp0[:n] + src).view(-1)  # (n · K,) the source rows
+
+        def reorder(x: torch.Tensor) -> torch.Tensor:  # (B_cap, K, F) -> the survivors' (n, K, F)
+            return x.view(-1, x.shape[-1]).index_select(0, flat).view(n, K, -1)
+
+        new = reorder(s.ints)
+        t, sym, length, last, seq_hash = new[..., :_CTX].unbind(-1)
+        ctx = new[..., _CTX:]
+        pos = length.clamp(max=L - 1)[..., None]  # the next free column (a non-emitter writes junk there)
+        s.tokens[:n] = reorder(s.tokens).scatter_(2, pos, label[..., None])
+        if s.stamps.shape[-1] > 1:  # the frame the label is emitted on: the hypothesis's before it moves
+            s.stamps[:n] = reorder(s.stamps).scatter_(2, pos, t[..., None])
+            if self.tdt:
+                s.durs[:n] = reorder(s.durs).scatter_(2, pos, self.dur[picked % self.D][..., None])
+        dec = reorder(s.dec)
+        if fusion is not None:
+            rows = torch.arange(n, device=self.device)[:, None]
+            moved = next_fstate.view(n, K, V, 4)[rows, src, label.clamp(min=0)]  # (n, K, 4)
+            old = self._fstate[:n].gather(1, src[..., None].expand(n, K, 4))
+            self._fstate[:n] = torch.where(emit[..., None], moved, old)
+
+        # advance frames: blank one frame (TDT: its jump), a label stays (RNN-T) or jumps its duration (TDT); the
+        # S-th label on a frame moves one frame on, no blank scored
+        jump = self.pair_jump[picked] if self.tdt else (~emit).long()
+        stay = emit & (jump == 0)
+        sym = torch.where(stay, sym + 1, 0)
+        capped = stay & (sym >= S)
+        jump = torch.where(capped, 1, jump)
+        sym = torch.where(capped, 0, sym)
+        t = torch.where(was_finished | ~alive, t, t + jump)
+        seq_hash = torch.where(emit, seq_hash * _HASH_MUL + label + 1, seq_hash)
+        last = torch.where(emit, label, last)
+        length = length + emit.long()
+        ctx = torch.where(emit[..., None], torch.cat([ctx[..., 1:], label.clamp(min=0)[..., None]], dim=-1), ctx)
+        s.dec[:n] = self._decode(dec, ctx, emit)
+
+        # merge equal label sequences on the same frame: the best of each group takes their log-sum
+        at = torch.minimum(t, lens)  # every jump past the last frame ends in the same place
+        key = torch.stack([seq_hash, length, last, at, torch.where(at >= lens, 0, sym)], dim=-1)  # (n, K, 5)
+        same = (key[:, :, None] == key[:, None]).all(dim=-1) & alive[:, :, None] & alive[:, None, :]  # (n, K, K)
+        diff = best[:, None, :] - best[:, :, None]  # [k, j]: j's score minus k's
+        ahead = (diff > 0) | ((diff == 0) & self.earlier)
+        leader = ~(same & ahead).any(dim=2) & alive  # no better member in its group (a lone hypothesis leads itself)
+        # a leader holds its group's maximum, so the log-sum is its score + log Σ exp(difference)
+        total = best + torch.where(same, diff, NEG_INF).exp().sum(dim=2).log()
+        score.copy_(torch.where(leader, total, NEG_INF))
+        ints[..., :_CTX] = torch.stack([t, sym, length, last, seq_hash], dim=-1)
+        ints[..., _CTX:] = ctx
+        if self._static:  # the host's flag (the eager loop looks at the state itself)
+            torch.any(((t < lens) & (score > NEG_INF)).view(1, -1), dim=1, out=s.flag)
+
+    def _decode(self, dec: torch.Tensor, ctx: torch.Tensor, emit: torch.Tensor) -> torch.Tensor:
+        """(n, K, J) decoder outputs, those of the emitting hypotheses for their new contexts (n, K, C)."""
+        n, K, J = dec.shape
+        if self._static:
+            new = self.model.project_decoder(ctx.reshape(n * K, self.C)).view(n, K, J)
+            return torch.where(emit[..., None], new, dec)
+        took = emit.view(-1).nonzero().squeeze(1)
+        if not took.numel():
+            return dec
+        c = ctx.reshape(n * K, self.C).index_select(0, took)
+        if self._cache is None:
+            return dec.view(n * K, J).index_copy(0, took, self.model.project_decoder(c)).view(n, K, J)
+        ids = (c * self.place).sum(dim=1)
+        fresh = ids[~self._known[ids]].unique()
+        if fresh.numel():
+            self._cache[fresh] = self.model.project_decoder(fresh[:, None] // self.place % self.V)
+            self._known[fresh] = True
+        return dec.view(n * K, J).index_copy(0, took, self._cache[ids]).view(n, K, J)
+
+    # -- CUDA graphs ------------------------------------------------------------------------------
+    def _capture(self, s: BeamState):
+        """Capture one step on all rows as a CUDA graph (torch.cuda.graph), or None after a failed capture when
+        graphs were not required."""
+        try:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            # warm-up on a side stream before capture (torch.cuda.graphs docs); _reset rewrites the state after
+            with torch.cuda.stream(stream), autocast_without_cache(self.device.type):
+                for _ in range(2):
+                    self._reset(s)
+                    self._step(s, s.enc.shape[0])
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with autocast_without_cache(self.device.type), torch.cuda.graph(graph, stream=stream):
+                self._step(s, s.enc.shape[0])
+            return graph
+        except Exception as e:  # a model op that cannot be captured
+            if self._required:
+                raise RuntimeError(f"CUDA-graph capture of malsd_batch failed: {e}") from e
+            log.warning("malsd_batch runs without CUDA graphs: capture failed (%s)", e)
+            self.use_cuda_graphs = self._static = False
+            return None
+
+
 def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, beam: int = 4,
                       max_sym_per_frame: int = 1, *, length_norm: bool = True, fusion: BatchFusion | None = None,
                       return_scores: bool = False, static_shapes: bool | None = None, return_results: bool = False,
+                      use_cuda_graphs: bool | None = False,
                       ) -> list[list[int]] | tuple[list[list[int]], list[float]] | list[DecodingResult]:
     """Batched ALSD beam search over an RNN-T or TDT transducer (the rules in the module docstring).
 
@@ -68,174 +426,14 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
             (the default elsewhere); the same results.
         return_results: return B :class:`~asrprec.decoding.DecodingResult`: each token's frame (where the chosen
             hypothesis emitted it), a TDT model's durations (of the chosen (label, duration) pairs), the score.
+        use_cuda_graphs: see :class:`MalsdBeamSearch` (a one-off call would capture anew for every batch, so off
+            by default here; to decode many batches with graphs, keep one :class:`MalsdBeamSearch`).
     Returns:
         B token-id lists in the input order (and, with ``return_scores``, B floats).
     """
-    if not isinstance(beam, int) or beam < 1:
-        raise ValueError(f"beam must be an integer >= 1, got {beam!r}")
-    if not isinstance(max_sym_per_frame, int) or max_sym_per_frame < 1:
-        raise ValueError(f"max_sym_per_frame must be an integer >= 1, got {max_sym_per_frame!r}")
-    batch = sort_and_project(model, encoder_out, encoder_out_lens)
-    B, T = encoder_out.shape[:2]
-    if B == 0 or T == 0:
-        empty = [[] for _ in range(B)]
-        if return_results:
-            return results_of(empty, empty, empty if model.durations else None, [0.0] * B)
-        return (empty, [0.0] * B) if return_scores else empty
     device = model_device(model)
-    blank, C = model.blank_id, model.context_size
-    durations = list(model.durations)
-    tdt = bool(durations)
-    V = model.vocab_size
-    K, S = beam, max_sym_per_frame
-    order = torch.tensor(batch.order, device=device)
-    lens = encoder_out_lens.to(device, torch.int64).index_select(0, order)  # (B,) sorted
-    enc = batch.encoder_proj  # (B, T, J)
-    L = max(T * S, 1) + 1
-
-    i64 = dict(dtype=torch.int64, device=device)
-    score = torch.full((B, K), NEG_INF, dtype=torch.float64, device=device)
-    score[:, 0] = 0.0
-    t = torch.zeros(B, K, **i64)
-    sym = torch.zeros(B, K, **i64)
-    length = torch.zeros(B, K, **i64)
-    last = torch.full((B, K), -1, **i64)
-    seq_hash = torch.zeros(B, K, **i64)
-    tokens = torch.zeros(B, K, L, **i64)
-    # each label's frame (and TDT duration), kept only when asked for: (B, K, L) each
-    stamps = torch.zeros(B, K, L, **i64) if return_results else None
-    durs = torch.zeros(B, K, L, **i64) if return_results and tdt else None
-    contexts = torch.full((B * K, C), blank, **i64)
-    dec = model.project_decoder(contexts)  # (B·K, J)
-    fstate = fusion.start(order).repeat_interleave(K, dim=0).view(B, K, 4) if fusion is not None else None
-    rows = torch.arange(B, device=device)[:, None].expand(B, K)
-    # every row at every step (CUDA-graph shapes), or eagerly only the rows that move
     static = device.type == "cuda" if static_shapes is None else bool(static_shapes)
-    # eagerly, the decoder's output of each context (its last C tokens: a stateless decoder) is kept for the call
-    cache = known = place = None
-    if not static and V ** C <= 1 << 16:
-        place = V ** torch.arange(C - 1, -1, -1, **i64)  # context -> its index in the cache
-        cache = dec.new_zeros(V ** C, dec.shape[-1])
-        known = torch.zeros(V ** C, dtype=torch.bool, device=device)
-    earlier = torch.arange(K, device=device)[None, None, :] < torch.arange(K, device=device)[None, :, None]
-    if tdt:
-        dur = torch.tensor(durations, **i64)
-        D = dur.numel()
-        pair_label = torch.arange(V * D, device=device) // D  # candidate pair -> label
-        pair_jump = dur.repeat(V)
-        pair_jump = torch.where(pair_label == blank, pair_jump.clamp(min=1), pair_jump)
-
-    while True:
-        active = (t < lens[:, None]) & (score > NEG_INF)  # (B, K)
-        if not bool(active.any()):  # the one host read per step
-            break
-        frames = t.clamp(max=T - 1)
-        if static:
-            logits = model.join_projected(enc[rows, frames].reshape(B * K, -1), dec)  # (B·K, V [+ D])
-        else:  # eager: the joiner only for the active hypotheses (the others' rows are masked below)
-            live = active.view(-1).nonzero().squeeze(1)
-            part = model.join_projected(enc[rows, frames].reshape(B * K, -1).index_select(0, live),
-                                dec.index_select(0, live))
-            logits = part.new_zeros(B * K, part.shape[-1]).index_copy(0, live, part)
-        lp = log_softmax_fp32(logits[:, :V]).double()
-        if fusion is not None:
-            bonus, next_fstate = fusion.scores(fstate.view(B * K, 4))  # (B·K, V), (B·K, V, 4)
-            lp = lp + bonus.double()
-        if tdt:
-            cand = (lp[:, :, None] + log_softmax_fp32(logits[:, V:]).double()[:, None, :]).view(B, K, V * D)
-        else:
-            cand = lp.view(B, K, V)
-        W = cand.shape[-1]
-        M = min(K, W)
-        top, idx = cand.topk(M, dim=-1)  # (B, K, M): each hypothesis's best proposals
-        top = top + score[..., None]
-        finished = ~active  # a finished (or empty) hypothesis proposes itself in slot 0
-        top = torch.where(finished[..., None], NEG_INF, top)
-        top[..., 0] = torch.where(finished, score, top[..., 0])
-        best, choice = top.view(B, K * M).topk(K, dim=-1)  # (B, K)
-        src = choice // M
-        picked = idx.view(B, K * M).gather(1, choice)  # label (RNN-T) or pair (TDT)
-        was_finished = finished.gather(1, src)
-        label = pair_label[picked] if tdt else picked
-        emit = (label != blank) & ~was_finished & (best > NEG_INF)
-
-        # reorder the survivors' state by their source hypothesis
-        t, sym, length, last, seq_hash = (x.gather(1, src) for x in (t, sym, length, last, seq_hash))
-        tokens = tokens.gather(1, src[..., None].expand(B, K, L))
-        if stamps is not None:
-            stamps = stamps.gather(1, src[..., None].expand(B, K, L))
-        if durs is not None:
-            durs = durs.gather(1, src[..., None].expand(B, K, L))
-        flat_src = (rows * K + src).reshape(-1)
-        contexts = contexts.index_select(0, flat_src)
-        dec = dec.index_select(0, flat_src)
-        if fusion is not None:
-            moved = next_fstate.view(B, K, V, 4)[rows, src, label.clamp(min=0)]  # (B, K, 4)
-            fstate = torch.where(emit[..., None], moved, fstate.gather(1, src[..., None].expand(B, K, 4)))
-
-        pos = length.clamp(max=L - 1)[..., None]
-        if stamps is not None:  # the frame the label is emitted on: the hypothesis's before it moves
-            stamps.scatter_(2, pos, torch.where(emit[..., None], t[..., None], stamps.gather(2, pos)))
-        if durs is not None:
-            durs.scatter_(2, pos, torch.where(emit[..., None], dur[picked % D][..., None], durs.gather(2, pos)))
-        # advance frames: blank one frame (TDT: its jump), a label stays (RNN-T) or jumps its duration (TDT)
-        jump = pair_jump[picked] if tdt else (~emit).long()
-        stay = emit & (jump == 0)
-        new_sym = torch.where(stay, sym + 1, 0)
-        capped = stay & (new_sym >= S)  # the last label the frame takes: one frame on
-        jump = torch.where(capped, 1, jump)
-        sym = torch.where(capped, 0, new_sym)
-        t = torch.where(was_finished | (best == NEG_INF), t, t + jump)
-        tokens.scatter_(2, pos, torch.where(emit[..., None], label[..., None], tokens.gather(2, pos)))
-        seq_hash = torch.where(emit, seq_hash * _HASH_MUL + label + 1, seq_hash)
-        last = torch.where(emit, label, last)
-        length = length + emit.long()
-        score = best
-        e = emit.view(-1)
-        new_ctx = torch.cat([contexts[:, 1:], label.clamp(min=0).view(-1, 1)], dim=1)
-        contexts = torch.where(e[:, None], new_ctx, contexts)
-        if static:
-            dec = torch.where(e[:, None], model.project_decoder(contexts), dec)
-        else:  # eager: the decoder only for the hypotheses that took a label, each context computed once
-            took = e.nonzero().squeeze(1)
-            if took.numel():
-                ctx = contexts.index_select(0, took)
-                if cache is None:
-                    dec = dec.index_copy(0, took, model.project_decoder(ctx))
-                else:
-                    ids = (ctx * place).sum(dim=1)
-                    new = ids[~known[ids]].unique()
-                    if new.numel():
-                        cache[new] = model.project_decoder(new[:, None] // place % V)
-                        known[new] = True
-                    dec = dec.index_copy(0, took, cache[ids])
-
-        # merge equal label sequences on the same frame: the best of each group takes their log-sum
-        at = t.clamp(max=lens[:, None])  # every jump past the last frame ends in the same place
-        same = ((seq_hash[:, :, None] == seq_hash[:, None, :]) & (length[:, :, None] == length[:, None, :])
-                & (last[:, :, None] == last[:, None, :]) & (at[:, :, None] == at[:, None, :])
-                & ((sym[:, :, None] == sym[:, None, :]) | (at[:, :, None] >= lens[:, None, None]))
-                & (score[:, :, None] > NEG_INF) & (score[:, None, :] > NEG_INF))  # (B, K, K)
-        total = torch.where(same, score[:, None, :], NEG_INF).logsumexp(dim=2)  # row k: the log-sum of k's group
-        ahead = (score[:, None, :] > score[:, :, None]) | ((score[:, None, :] == score[:, :, None]) & earlier)
-        leader = ~(same & ahead).any(dim=2)  # no better member in its group (a lone hypothesis leads itself)
-        score = torch.where(leader, torch.where(score > NEG_INF, total, score), NEG_INF)
-
-    final = score.clone()
-    if fusion is not None:
-        final = final + fusion.final(fstate.view(B * K, 4)).view(B, K).double()
-    rank = final / (C + length) if length_norm else final
-    rank = torch.where(final > NEG_INF, rank, NEG_INF)
-    best_k = rank.argmax(dim=1)  # (B,)
-    n = length[rows[:, 0], best_k].tolist()
-    toks = tokens[rows[:, 0], best_k].tolist()
-    hyps = batch.unsort([row[:k] for row, k in zip(toks, n)])
-    if return_results:
-        def chosen(buf: torch.Tensor) -> list[list[int]]:
-            return batch.unsort([row[:k] for row, k in zip(buf[rows[:, 0], best_k].tolist(), n)])
-
-        return results_of(hyps, chosen(stamps), chosen(durs) if durs is not None else None,
-                          batch.unsort(final[rows[:, 0], best_k].tolist()))
-    if return_scores:
-        return hyps, batch.unsort(final[rows[:, 0], best_k].tolist())
-    return hyps
+    search = MalsdBeamSearch(model, beam, max_sym_per_frame, length_norm=length_norm,
+                             use_cuda_graphs=use_cuda_graphs, static_shapes=static)
+    return search(encoder_out, encoder_out_lens, fusion=fusion, return_scores=return_scores,
+                  return_results=return_results)
