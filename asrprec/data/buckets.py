@@ -5,7 +5,7 @@ bucket, as ``DynamicBucketingSampler`` places them) and counts each bucket's cut
 :func:`planned_sampler` is lhotse's ``DynamicBucketingSampler`` with ``FixedBucketBatchSizeConstraint``: a batch
 size per bucket instead of one ``max_duration`` (NeMo sizes its buckets the same way: NVIDIA/NeMo
 ``nemo/collections/common/data/lhotse/dataloader.py``, ``bucket_batch_size``). :func:`batch_padding` counts what a
-batch pads.
+batch pads. :class:`Batching` says how the training sampler makes batches, and why it made none of a small corpus.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["BucketStats", "PaddingTotals", "batch_padding", "corpus_buckets", "planned_sampler"]
+__all__ = ["Batching", "BucketStats", "PaddingTotals", "batch_padding", "corpus_buckets", "planned_sampler"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,39 @@ def planned_sampler(cuts: Any, max_durations: Sequence[float], batch_sizes: Sequ
         warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
         # lhotse opens one more bucket past the last edge; the caller's duration filter leaves it empty
         return PlannedBucketingSampler(cuts, constraint=constraint, duration_bins=edges, **kwargs)
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How the training sampler makes batches: ``max_duration`` seconds of audio per batch (None: a batch plan's
+    sizes per bucket), over ``num_buckets`` duration buckets (1: none), keeping a last, short batch of each bucket
+    or not (``drop_last``), for ``world_size`` ranks."""
+
+    max_duration: float | None
+    num_buckets: int
+    drop_last: bool
+    world_size: int = 1
+
+    def why_no_batch(self, kept: int, seconds: float) -> str:
+        """Why the sampler made no batch of ``kept`` cuts (``seconds`` of audio), with the fix."""
+        if self.drop_last and self.max_duration is None:
+            return ("with drop_last, a batch is made only of a bucket holding its planned batch size, and none "
+                    "does. Fix: set --data.drop_last false, or train without --max-memory")
+        if self.drop_last:
+            per_bucket = seconds / self.num_buckets
+            fixes = []
+            fill = int(seconds // self.max_duration)  # buckets that would each hold a full batch
+            if 1 <= fill < self.num_buckets:
+                fixes.append(f"lower --num-buckets to {fill}")
+            fixes.append(f"lower --max-duration to {max(per_bucket, 0.01):.2f} s or less")
+            fixes.append("set --data.drop_last false")
+            return (f"with drop_last, a batch is made only of a duration bucket holding --max-duration "
+                    f"{self.max_duration:g} s of audio, and {self.num_buckets} bucket(s) of about {per_bucket:.1f} s "
+                    f"each fill none. Fix: {', or '.join(fixes)}")
+        ranks = f" for {self.world_size} ranks" if self.world_size > 1 else ""
+        size = "its batch plan" if self.max_duration is None else f"--max-duration {self.max_duration:g} s"
+        return (f"lhotse's sampler over {self.num_buckets} bucket(s) with {size} made none{ranks}. Fix: lower "
+                "--num-buckets (e.g. 1) or --max-duration")
 
 
 @dataclass

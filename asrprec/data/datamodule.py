@@ -31,6 +31,7 @@ import torch
 
 from asrprec._optional import require
 from asrprec.config import option, strict_from_dict
+from asrprec.data.buckets import Batching
 from asrprec.data.validate import filter_by_duration
 from asrprec.precision.batch_plan import CALIBRATION_SAFETY
 from asrprec.rng import seed_from, seeded_rng
@@ -256,8 +257,7 @@ def _bucketing_sampler(cuts: Any, *, num_buckets: int, buffer_size: int | None =
     counted (that would read the whole manifest)."""
     from lhotse.dataset import DynamicBucketingSampler, SimpleCutSampler
 
-    if not _is_lazy(cuts):  # lhotse estimates the bucket bins from the cuts: at least two cuts per bucket
-        num_buckets = min(num_buckets, len(cuts) // 2)
+    num_buckets = _buckets_used(cuts, num_buckets)
     if num_buckets <= 1:
         return SimpleCutSampler(cuts, **kwargs)
     buffers = {k: v for k, v in (("buffer_size", buffer_size), ("shuffle_buffer_size", shuffle_buffer_size))
@@ -266,6 +266,12 @@ def _bucketing_sampler(cuts: Any, *, num_buckets: int, buffer_size: int | None =
         # lhotse suggests lazy CutSets for memory; our corpora are small and eager on purpose
         warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
         return DynamicBucketingSampler(cuts, num_buckets=num_buckets, **buffers, **kwargs)
+
+
+def _buckets_used(cuts: Any, num_buckets: int) -> int:
+    """The buckets :func:`_bucketing_sampler` makes (1: none). lhotse estimates the bins from the cuts: an eager set
+    gets at most one bucket per two cuts."""
+    return max(1, num_buckets if _is_lazy(cuts) else min(num_buckets, len(cuts) // 2))
 
 
 def _is_lazy(cuts: Any) -> bool:
@@ -283,19 +289,26 @@ class _DurationFilter:
         self.min_s, self.max_s, self.named = min_s, max_s, named
         self.dropped: set[str] = set()
         self.in_pass = 0  # drops since start_pass(): one epoch's total
+        self.kept, self.kept_seconds = 0, 0.0  # the cuts (and seconds) kept since start_pass()
 
     @property
     def reason(self) -> str:
         return f"outside {self.min_s:.2f}-{self.max_s:.2f} s"
 
     def start_pass(self) -> None:
-        self.in_pass = 0
+        self.in_pass, self.kept, self.kept_seconds = 0, 0, 0.0
 
     def dropped_in_pass(self) -> dict[str, int]:
         return {self.reason: self.in_pass} if self.in_pass else {}
 
+    def kept_in_pass(self) -> tuple[int, float]:
+        """The cuts kept since :meth:`start_pass`, and their seconds: the sampler's input."""
+        return self.kept, self.kept_seconds
+
     def __call__(self, cut: Any) -> bool:
         if self.min_s <= cut.duration <= self.max_s:
+            self.kept += 1
+            self.kept_seconds += cut.duration
             return True
         self.in_pass += 1
         if cut.id not in self.dropped:
@@ -311,16 +324,19 @@ class _DurationFilter:
 
 
 class _FilteredOnce:
-    """The duration drops of an eager CutSet, filtered once: the same every epoch."""
+    """The duration drops of an eager CutSet, filtered once: the same every epoch (so are the cuts kept)."""
 
-    def __init__(self, reason: str, count: int) -> None:
-        self.reason, self.count = reason, count
+    def __init__(self, reason: str, count: int, kept: int, kept_seconds: float) -> None:
+        self.reason, self.count, self.kept, self.kept_seconds = reason, count, kept, kept_seconds
 
     def start_pass(self) -> None:
         pass
 
     def dropped_in_pass(self) -> dict[str, int]:
         return {self.reason: self.count} if self.count else {}
+
+    def kept_in_pass(self) -> tuple[int, float]:
+        return self.kept, self.kept_seconds
 
 
 def filter_durations(cuts: Any, min_s: float, max_s: float) -> Any:
@@ -330,12 +346,14 @@ def filter_durations(cuts: Any, min_s: float, max_s: float) -> Any:
 
 
 def _filter_durations(cuts: Any, min_s: float, max_s: float) -> tuple[Any, Any]:
-    """:func:`filter_durations` and what counts its drops per epoch (``start_pass`` / ``dropped_in_pass``)."""
+    """:func:`filter_durations` and what counts its drops and the cuts it kept per epoch (``start_pass`` /
+    ``dropped_in_pass`` / ``kept_in_pass``)."""
     if _is_lazy(cuts):
         f = _DurationFilter(min_s, max_s)
         return cuts.filter(f), f
     kept = filter_by_duration(cuts, min_s, max_s)
-    return kept, _FilteredOnce(_DurationFilter(min_s, max_s).reason, len(cuts) - len(kept))
+    return kept, _FilteredOnce(_DurationFilter(min_s, max_s).reason, len(cuts) - len(kept), len(kept),
+                               sum(c.duration for c in kept))
 
 
 def noise_mix_transform(config: NoiseMixConfig, *, on_the_fly_feats: bool) -> "ReseedableCutTransform":
@@ -492,10 +510,12 @@ class AsrDataModule:
                                          ("shuffle_buffer_size", c.shuffle_buffer_size)) if v is not None}
             sampler = planned_sampler(cuts, batch_plan.edges, batch_plan.batch_sizes,
                                       mean_batch_seconds=batch_plan.mean_batch_seconds(), **buffers, **common)
+            batching = Batching(None, len(batch_plan.edges), c.drop_last, self.world_size)
         else:
             sampler = _bucketing_sampler(cuts, max_duration=c.max_duration, num_buckets=c.num_buckets,
                                          buffer_size=c.bucketing_buffer_size,
                                          shuffle_buffer_size=c.shuffle_buffer_size, **common)
+            batching = Batching(c.max_duration, _buckets_used(cuts, c.num_buckets), c.drop_last, self.world_size)
         if sampler_state is not None:
             sampler.load_state_dict(sampler_state)
         self.train_sampler = sampler
@@ -508,8 +528,10 @@ class AsrDataModule:
             seed=c.seed,
         )
         loader = self._loader(dataset, sampler, seed=c.seed)
-        # the training loop gives each epoch's total (asrprec.training.skips.dropped_cut_totals)
+        # the training loop gives each epoch's total (asrprec.training.skips.dropped_cut_totals), and says why an
+        # epoch made no batch (asrprec.training.skips.no_batch_reason)
         loader.duration_drops = duration_drops
+        loader.batching = batching
         return loader
 
     def sampler_state_dict(self) -> dict[str, Any]:

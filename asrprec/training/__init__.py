@@ -14,12 +14,12 @@ from .loop import train, validate
 from .recipe import train_experiment
 from .preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 from .resume import ResumeMismatchError, TrainState
-from .skips import TooManySkippedBatches
+from .skips import NoTrainingBatches, TooManySkippedBatches
 
 __all__ = [
-    "PREEMPTED_EXIT_CODE", "DistributedEnv", "ExperimentError", "RankFailedError", "ResumeMismatchError", "TooManySkippedBatches",
-    "TrainConfig", "TrainState", "TrainingConfig", "TrainingPreempted", "compute_loss", "get_rank", "get_world_size",
-    "is_main_process",
+    "PREEMPTED_EXIT_CODE", "DistributedEnv", "ExperimentError", "NoTrainingBatches", "RankFailedError",
+    "ResumeMismatchError", "TooManySkippedBatches", "TrainConfig", "TrainState", "TrainingConfig", "TrainingPreempted",
+    "compute_loss", "get_rank", "get_world_size", "is_main_process",
     "optimizer_from_config", "pad_targets", "prepare_experiment", "read_model_config", "scheduler_from_config",
     "seed_everything", "setup_distributed", "teardown_distributed", "train", "train_experiment", "validate",
 ]

@@ -212,6 +212,8 @@ def train_one_epoch(run: Run) -> dict[str, Any]:
         TooManySkippedBatches: more than ``cfg.max_skipped_fraction`` of the epoch's batches were skipped (checked
             from the third skipped batch on, and at the end), no batch could be trained, or the loader failed
             :data:`~asrprec.training.skips.MAX_LOADER_FAILURES_IN_A_ROW` times in a row; a checkpoint was saved.
+        NoTrainingBatches: the loader served no batch at all (every cut dropped, or a sampler that made no batch;
+            the message says which); nothing was saved.
         TrainingPreempted: a preemption signal arrived; this batch's checkpoint was saved.
     """
     for batch in run.batches():
@@ -272,7 +274,7 @@ def train(
         ExperimentError: the folder holds another run and ``cfg.overwrite`` is off (and the other folder rules).
         FileNotFoundError / CheckpointReadError / CheckpointMismatchError: the checkpoint to resume from is
             missing, unreadable, or of another model or optimizer.
-        TooManySkippedBatches: see :func:`train_one_epoch`.
+        TooManySkippedBatches / NoTrainingBatches: see :func:`train_one_epoch`.
         TrainingPreempted: one of ``cfg.preempt_signals`` arrived; the checkpoint it names was saved, and the same
             call with ``resume="auto"`` continues exactly (:mod:`asrprec.training.preemption`).
     """

@@ -37,8 +37,8 @@ from .preemption import PreemptionWatch, preempted, preempted_event
 from .reporting import SummaryWriterOrNull, log_run_start, write_precision
 from .resume import EpochProgress, TrainState, batch_cut_ids, checkpoint_extra, epoch_iterator, restore
 from .schedules import schedule_batches_per_step
-from .skips import (UNLOADABLE, loader_broken, record_skip, report_dropped_cuts, skip_budget_exceeded, stopped_event,
-                    too_many_skipped)
+from .skips import (UNLOADABLE, NoTrainingBatches, loader_broken, no_batch_reason, record_skip, report_dropped_cuts,
+                    skip_budget_exceeded, stopped_event, too_many_skipped)
 
 log = logging.getLogger(__name__)
 
@@ -304,8 +304,16 @@ class Run:
         return True
 
     def _stop_if_too_many_skipped(self, end_of_epoch: bool) -> None:
-        """Stop with :class:`~asrprec.training.skips.TooManySkippedBatches` past the skip budget. Collective."""
+        """Stop with :class:`~asrprec.training.skips.TooManySkippedBatches` past the skip budget, or with
+        :class:`~asrprec.training.skips.NoTrainingBatches` after an epoch with no batch (no checkpoint: nothing was
+        trained in it). Collective."""
         progress = self.state.progress
+        if end_of_epoch and progress.batches_done == 0:
+            why = no_batch_reason(progress.epoch, getattr(self.train_dl, "duration_drops", None),
+                                  getattr(self.train_dl, "batching", None))
+            self.experiment.record(stopped_event(progress, why, self.state.batch_idx_train))
+            barrier()
+            raise NoTrainingBatches(why)
         why = skip_budget_exceeded(progress, self.cfg.max_skipped_fraction, end_of_epoch=end_of_epoch)
         if why is not None:
             self.stop(lambda: too_many_skipped(progress, why, self.checkpoint_path(BATCH)),

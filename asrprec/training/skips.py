@@ -4,7 +4,9 @@
 A batch is skipped when its loader raised, when no cut of it could be read, or when its loss is not finite
 (under DDP such a step is skipped on every rank). More than ``max_skipped_fraction`` of an epoch's batches, an
 epoch without a single trained batch, or a loader that keeps failing stops the run with
-:class:`TooManySkippedBatches` after a checkpoint (:meth:`asrprec.training.run.Run.stop`).
+:class:`TooManySkippedBatches` after a checkpoint (:meth:`asrprec.training.run.Run.stop`). An epoch whose loader
+served no batch at all stops it with :class:`NoTrainingBatches`, saying which it was: every cut dropped, or a
+sampler that made no batch of the cuts kept (:func:`no_batch_reason`); there is nothing to save.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ MAX_LOADER_FAILURES_IN_A_ROW = 10
 
 class TooManySkippedBatches(AsrprecError, RuntimeError):
     """Too many batches of an epoch were skipped (bad data or a diverged model); a checkpoint was saved."""
+
+
+class NoTrainingBatches(AsrprecError, RuntimeError):
+    """An epoch's loader served no batch at all; the message says why (:func:`no_batch_reason`) and the fix."""
 
 
 def record_skip(progress: EpochProgress, reason: str, ids: list[str], detail: str, batch_idx_train: int) -> None:
@@ -68,13 +74,36 @@ def dropped_cut_totals(progress: EpochProgress, duration_drops: Any | None) -> d
     return totals
 
 
+def no_batch_reason(epoch: int, duration_drops: Any | None, batching: Any | None) -> str:
+    """Why epoch ``epoch``'s loader served no batch at all, with the fix: the duration filter dropped every cut, or
+    the sampler made no batch of the cuts kept (``batching``: :class:`asrprec.data.buckets.Batching`), told apart by
+    the filter's counts of the pass (``duration_drops``: the loader's counter, :class:`asrprec.data.AsrDataModule`;
+    every rank filters the whole set). A loader without these counts gets the possible causes."""
+    head = f"epoch {epoch} had no batch at all"
+    if duration_drops is None or not hasattr(duration_drops, "kept_in_pass"):
+        return (f"{head}: the training loader served nothing (an empty training set, or a sampler that makes no "
+                "batch of it). Fix: check the training cuts, --max-duration and --num-buckets")
+    kept, seconds = duration_drops.kept_in_pass()
+    dropped = duration_drops.dropped_in_pass()
+    n_dropped = sum(dropped.values())
+    if kept == 0 and n_dropped:
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in dropped.items())
+        return (f"{head}: the duration filter dropped all {n_dropped} training cuts ({reasons}). Fix: widen "
+                "--data.min_cut_s / --data.max_cut_s to the cuts' durations")
+    if kept == 0:
+        return f"{head}: the training set holds no cut. Fix: check the training manifest"
+    also = f"; {n_dropped} dropped by the duration filter" if n_dropped else ""
+    cuts = f"{kept} training cuts kept ({seconds:.1f} s of audio{also})"
+    if batching is None:
+        return f"{head}: the sampler made no batch of the {cuts}. Fix: check its settings"
+    return f"{head}: the sampler made no batch of the {cuts}: {batching.why_no_batch(kept, seconds)}"
+
+
 def skip_budget_exceeded(progress: EpochProgress, max_skipped_fraction: float, *, end_of_epoch: bool) -> str | None:
-    """Why the run must stop because of skipped batches, or None."""
+    """Why the run must stop because of skipped batches, or None (an epoch with no batch at all:
+    :func:`no_batch_reason`)."""
     n, done = progress.num_skipped, progress.batches_done
     counts = ", ".join(f"{reason} {k}" for reason, k in sorted(progress.skipped.items()))
-    if end_of_epoch and done == 0:
-        return (f"epoch {progress.epoch} had no batch at all: the training data are empty (every cut dropped by the "
-                "data checks or the duration filter?)")
     if end_of_epoch and done > 0 and progress.steps == 0:
         return f"no batch of epoch {progress.epoch} could be trained: all {done} were skipped ({counts})"
     if n > max_skipped_fraction * done and (end_of_epoch or n >= _MIN_SKIPS_FOR_SHARE) and n > 0:

@@ -122,3 +122,22 @@ def test_config_validation():
         DataConfig.from_dict({"spec_augment_config": {"frames": 3}})
     with pytest.raises(ValueError, match="max_duration"):
         DataConfig(max_duration=0)
+
+
+def test_the_duration_filter_counts_what_it_keeps_eager_and_lazy(tmp_path):
+    from lhotse import CutSet
+    from lhotse.testing.dummies import dummy_cut
+
+    from asrprec.data.datamodule import _filter_durations
+
+    durations = [0.3, 1.0, 2.5, 25.0, 4.0]  # kept within 0.5-20 s: 1.0 + 2.5 + 4.0
+    cuts = CutSet.from_cuts(dummy_cut(i, duration=d) for i, d in enumerate(durations))
+    kept, counts = _filter_durations(cuts, 0.5, 20.0)
+    assert len(kept) == 3 and counts.kept_in_pass() == (3, 7.5) and sum(counts.dropped_in_pass().values()) == 2
+    cuts.to_file(tmp_path / "cuts.jsonl.gz")
+    lazy, counts = _filter_durations(CutSet.from_jsonl_lazy(tmp_path / "cuts.jsonl.gz"), 0.5, 20.0)
+    for _ in range(2):  # a lazy set is counted as a pass meets it, afresh each pass
+        counts.start_pass()
+        assert counts.kept_in_pass() == (0, 0.0)
+        assert [c.duration for c in lazy] == [1.0, 2.5, 4.0]
+        assert counts.kept_in_pass() == (3, 7.5) and sum(counts.dropped_in_pass().values()) == 2
