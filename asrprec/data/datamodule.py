@@ -14,7 +14,8 @@ A batch is a dict (legend: B cuts, T feature frames, F = 80 mel bins):
 * ``texts``: list[str] of length B (a cut's supervisions joined by spaces);
 * ``cut_ids``: list[str] of length B;
 * ``dropped_cuts`` (only when a cut was left out): list of ``{"cut_id", "reason"}`` for cuts whose features or
-  audio could not be read, or (training and validation) whose transcript is empty; B may then be 0.
+  audio could not be read or hold NaN / Inf (checked on every batch: one ``isfinite`` pass), or (training and
+  validation) whose transcript is empty; B may then be 0.
 
 Rows are sorted by duration, longest first (what packing-based losses and encoders expect).
 """
@@ -139,10 +140,11 @@ class DataConfig:
 class AsrDataset(torch.utils.data.Dataset):
     """Maps a CutSet (one sampler batch) to the batch dict described in the module doc.
 
-    A cut whose features or audio cannot be read, or (with ``drop_empty_transcripts``, for training and validation
-    losses; a test reference may be empty) whose transcript is empty, is left out of its batch and
-    named in ``batch["dropped_cuts"]`` (a list of ``{"cut_id", "reason"}``; the key is present only when a cut
-    was left out); a batch of which no cut remains has zero rows. The training loop logs and counts both.
+    A cut whose features or audio cannot be read or hold NaN / Inf, or (with ``drop_empty_transcripts``, for
+    training and validation losses; a test reference may be empty) whose transcript is empty, is left out of its
+    batch and named in ``batch["dropped_cuts"]`` (a list of ``{"cut_id", "reason"}``; the key is present only when
+    a cut was left out); a batch of which no cut remains has zero rows. The training and decoding loops log and
+    count them.
 
     Augmentation (``cut_transforms`` such as noise mixing, then SpecAugment) is seeded per batch from ``seed``, the
     epoch (:meth:`set_epoch`) and the batch's cut ids, inside a block that restores the process's random generators
@@ -197,6 +199,18 @@ class AsrDataset(torch.utils.data.Dataset):
                                                           f"({type(e).__name__}: {first})"})
         return CutSet.from_cuts(good), dropped
 
+    @staticmethod
+    def _without_nonfinite(features: torch.Tensor, feature_lens: torch.Tensor, cuts: list, finite: torch.Tensor,
+                           dropped: list[dict[str, str]]) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """The rows whose features are all finite (``finite``: (B,) bool); each other row named in ``dropped``."""
+        for i in (~finite).nonzero().flatten().tolist():
+            n = int((~torch.isfinite(features[i])).sum())
+            dropped.append({"cut_id": cuts[i].id, "reason": f"non-finite features ({n} NaN/Inf values)"})
+        keep = finite.nonzero().flatten()
+        feature_lens = feature_lens[keep]
+        longest = int(feature_lens.max()) if len(keep) else 0
+        return features[keep, :longest], feature_lens, [cuts[i] for i in keep.tolist()]
+
     def __getitem__(self, cuts: Any) -> dict[str, Any]:
         from lhotse import CutSet
 
@@ -231,6 +245,10 @@ class AsrDataset(torch.utils.data.Dataset):
         # lhotse pads precomputed log-mels with log(1e-10); zero every padded frame so both paths agree
         pad = torch.arange(features.shape[1])[None, :] >= feature_lens[:, None]
         features = features.masked_fill(pad[:, :, None], 0.0)
+        cuts = list(cuts)
+        finite = torch.isfinite(features).flatten(1).all(dim=1)  # one pass over the batch; padding is zero
+        if not bool(finite.all()):
+            features, feature_lens, cuts = self._without_nonfinite(features, feature_lens, cuts, finite, dropped)
         cut_ids = [c.id for c in cuts]
         if self.spec_augment is not None and cut_ids:
             # row by row on the valid frames only: lhotse's batch call masks (and takes the mask value's
