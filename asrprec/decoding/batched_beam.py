@@ -33,8 +33,10 @@ the step has static shapes and addresses: on a CUDA device :class:`MalsdBeamSear
 and replays it, the host reading one flag (any hypothesis active?) between replays (label looping's
 ``no_while_loops`` mode, :mod:`asrprec.decoding.label_looping`), and the decoder runs on every row. Elsewhere
 (eagerly) each step computes only the utterances up to the last one still active (the batch is sorted by length),
-and the decoder runs only for the hypotheses that took a label, once per distinct context: its output depends on the
-last C tokens only, and is kept for the call when V^C is at most 65,536.
+and the decoder runs only for new contexts: its output depends on the last C tokens only, and is kept by context
+when V^C is at most 65,536 (by :class:`MalsdBeamSearch` from call to call, while the weights stay the same). On the
+CPU the bookkeeping after the ``topk`` (reordering, appending, moving, merging) is one compiled call
+(:mod:`asrprec.decoding.batched_beam_cpu`, the twin of the tensor form; a batch with fusion takes the tensor form).
 
 Legend: B utterances, K beam, T encoder frames, J joiner width, V vocabulary (blank included), D durations,
 L the longest label sequence (T · max_sym_per_frame), C the decoder's context size.
@@ -51,6 +53,7 @@ from torch import nn
 from asrprec.precision.islands import autocast_dtype, autocast_without_cache
 
 from ._common import log_softmax_fp32, model_device, sort_and_project
+from .batched_beam_cpu import advance_kernel
 from .fusion import BatchFusion
 from .hypothesis import DecodingResult, results_of
 
@@ -60,7 +63,7 @@ log = logging.getLogger(__name__)
 
 NEG_INF = float("-inf")
 _HASH_MUL = 1_000_003  # the rolling hash h' = h · M + (token + 1), wrapping in int64
-_T, _SYM, _LEN, _LAST, _HASH, _CTX = range(6)  # the fields of BeamState.ints; the C context tokens from _CTX on
+_T, _SYM, _LEN, _LAST, _HASH, _CTX = range(6)  # the fields of BeamState.ints
 
 
 @dataclass
@@ -70,8 +73,11 @@ class BeamState:
     Attributes:
         enc: (B_cap, T_cap, J) projected encoder output (rows past the batch are zero, with length 0).
         lens: (B_cap,) valid frames. score: (B_cap, K) float64 log-probabilities (-inf: an empty slot).
-        ints: (B_cap, K, 5 + C) int64, per hypothesis: frame, labels emitted on it, label count, last label (-1:
-            none), rolling hash of the labels, then the decoder's C context tokens; one ``gather`` reorders them all.
+        ints: (B_cap, K, 6) int64, per hypothesis: frame (at most the utterance's length: every jump past the end
+            lands there), labels emitted on it (0 once finished), label count, last label (-1: none), rolling hash
+            of the labels, the decoder's context (its C tokens as one number in base V). One row copy reorders them
+            all, and two hypotheses with equal rows merge.
+        active: (B_cap, K) bool, hypotheses before their utterance's end and not empty.
         tokens: (B_cap, K, L) labels; stamps: (B_cap, K, L) each label's frame; durs: (B_cap, K, L) its TDT
             duration (the last two only when asked for; else (B_cap, K, 1), unused). Columns past a hypothesis's
             label count hold junk.
@@ -85,6 +91,7 @@ class BeamState:
     lens: torch.Tensor
     score: torch.Tensor
     ints: torch.Tensor
+    active: torch.Tensor
     tokens: torch.Tensor
     stamps: torch.Tensor
     durs: torch.Tensor
@@ -113,6 +120,10 @@ class MalsdBeamSearch:
         static_shapes: compute every hypothesis at every step (fixed shapes and addresses, what a CUDA graph
             replays; the default with graphs) instead of only the utterances still active and the decoder only for
             new contexts (the default without); the same results.
+
+    Eagerly, the decoder's output of each context is kept from call to call (dropped when a weight changes), so a
+    context's output may come from a decoder call on other rows than a one-off call would make: scores can then
+    differ from :func:`malsd_beam_search`'s in their last bits.
     """
 
     def __init__(self, model: nn.Module, beam: int = 4, max_sym_per_frame: int = 1, *, length_norm: bool = True,
@@ -149,13 +160,19 @@ class MalsdBeamSearch:
         self.keep_self[self.blank * (self.D if self.tdt else 1)] = 0.0
         K = beam
         self.earlier = torch.arange(K, device=self.device)[None, :] < torch.arange(K, device=self.device)[:, None]
-        self.place = self.V ** torch.arange(self.C - 1, -1, -1, **i64)  # context -> its index in the cache
+        if self.V ** self.C >= 1 << 62:
+            raise ValueError(f"malsd_batch keeps a decoder context as one int64 number, V^C < 2^62; got V={self.V}, "
+                             f"C={self.C}")
+        self.place = self.V ** torch.arange(self.C - 1, -1, -1, **i64)  # context tokens -> the number
+        self.ctx0 = sum(self.blank * self.V ** i for i in range(self.C))  # the start context's
+        self.drop = self.V ** (self.C - 1)  # a context modulo it: its last C - 1 tokens
         self.state: BeamState | None = None
         self._graph = None
         self._key: tuple | None = None
         self._fusion: BatchFusion | None = None
         self._fstate: torch.Tensor | None = None  # (B_cap, K, 4) fusion states (eager only)
         self._cache = self._known = self._weights = None
+        self._arrays: tuple | None = None  # numpy views of the state for the compiled CPU step
         self._params = list(model.parameters())
 
     @torch.no_grad()
@@ -214,13 +231,14 @@ class MalsdBeamSearch:
         key = (enc.shape[-1], enc.dtype, autocast_dtype(enc), torch.is_inference_mode_enabled())
         s = self.state
         graphs = self.use_cuda_graphs and self._fusion is None
+        static = self._static  # static shapes: a smaller batch fills the state's first rows (the rest have length 0)
         fits = (s is not None and key == self._key and B <= s.enc.shape[0] and T <= s.enc.shape[1]
-                and (graphs or (B == s.enc.shape[0] and T == s.enc.shape[1])))  # eager: no padding rows
-        fits = fits and (graphs or stamps <= (s.stamps.shape[-1] > 1))
+                and (static or (B == s.enc.shape[0] and T == s.enc.shape[1])))  # eager: no padding rows
+        fits = fits and (static or stamps <= (s.stamps.shape[-1] > 1))
         if not fits:
-            if graphs and s is not None and key == self._key:
+            if static and s is not None and key == self._key:
                 B, T = max(B, s.enc.shape[0]), max(T, s.enc.shape[1])
-            s = self.state = self._allocate(B, T, enc, stamps or graphs)
+            s = self.state = self._allocate(B, T, enc, stamps or static)
             self._key, self._graph = key, None
         s.enc.zero_()
         s.enc[: enc.shape[0], : enc.shape[1]].copy_(enc)
@@ -229,6 +247,15 @@ class MalsdBeamSearch:
         if graphs and self._graph is None:
             self._graph = self._capture(s)
         self._reset(s)
+        self._arrays = None
+        if self.device.type == "cpu" and not self._static:  # numpy views of the state for the compiled step
+            if self.tdt:
+                pairs = (self.pair_label, self.pair_jump, self.dur.repeat(self.V))
+            else:  # one (label, duration 0) pair per label: a blank jumps one frame
+                labels = torch.arange(self.V)
+                pairs = (labels, (labels == self.blank).long(), torch.zeros_like(labels))
+            self._arrays = (tuple(x.numpy() for x in (s.active, s.ints, s.tokens, s.stamps, s.durs)),
+                            tuple(x.numpy() for x in pairs) + (s.lens.numpy(),))
         return s
 
     def _allocate(self, B: int, T: int, enc: torch.Tensor, stamps: bool) -> BeamState:
@@ -240,7 +267,8 @@ class MalsdBeamSearch:
         return BeamState(
             enc=torch.zeros(B, T, enc.shape[-1], dtype=enc.dtype, device=self.device),
             lens=torch.zeros(B, **i64), score=torch.zeros(B, K, dtype=torch.float64, device=self.device),
-            ints=torch.zeros(B, K, _CTX + C, **i64), tokens=torch.zeros(B, K, L, **i64),
+            ints=torch.zeros(B, K, 6, **i64), active=torch.zeros(B, K, dtype=torch.bool, device=self.device),
+            tokens=torch.zeros(B, K, L, **i64),
             stamps=torch.zeros(B, K, Ls, **i64), durs=torch.zeros(B, K, Ls if self.tdt else 1, **i64),
             dec=dec0.expand(B, K, -1).clone(), dec0=dec0, flag=torch.zeros(1, dtype=torch.bool, device=self.device),
             frame0=torch.arange(B, **i64)[:, None] * T, hyp0=torch.arange(B, **i64)[:, None] * K,
@@ -252,9 +280,11 @@ class MalsdBeamSearch:
         s.score[:, 0] = 0.0
         s.ints.zero_()
         s.ints[..., _LAST] = -1
-        s.ints[..., _CTX:] = self.blank
+        s.ints[..., _CTX] = self.ctx0
+        s.dec0.copy_(self.model.project_decoder(torch.full((1, self.C), self.blank, device=self.device))[0])
         s.dec.copy_(s.dec0.expand_as(s.dec))
-        torch.any(s.lens > 0, dim=0, keepdim=True, out=s.flag)
+        torch.logical_and(s.score > NEG_INF, s.lens[:, None] > 0, out=s.active)
+        torch.any(s.active.view(1, -1), dim=1, out=s.flag)
         if self._static or self.V ** self.C > 1 << 16:
             self._cache = self._known = None
             return
@@ -271,26 +301,21 @@ class MalsdBeamSearch:
             while bool(s.flag):  # the one host read per step
                 self._graph.replay()
             return
+        n = s.enc.shape[0]
         if self._static:
             while bool(s.flag):
-                self._step(s, s.enc.shape[0])
+                self._step(s, n)
             return
-        while True:  # eagerly, only the utterances up to the last one with an active hypothesis
-            t = s.ints[..., _T]
-            live = ((t < s.lens[:, None]) & (s.score > NEG_INF)).any(dim=1).nonzero()
-            if not live.numel():
-                break
-            self._step(s, int(live[-1]) + 1)
+        while n:  # the one host read per step: eagerly, the utterances up to the last one still active
+            n = self._step(s, n)
 
-    def _step(self, s: BeamState, n: int) -> None:
-        """One expansion of the first ``n`` utterances' hypotheses (the rules in the module docstring), in place."""
+    def _step(self, s: BeamState, n: int) -> int:
+        """One expansion of the first ``n`` utterances' hypotheses (the rules in the module docstring), in place.
+        Returns (eagerly) how many utterances the next step needs: up to the last one still active."""
         K, V, S, blank = self.K, self.V, self.S, self.blank
         T, J, L = s.enc.shape[1], s.dec.shape[-1], s.tokens.shape[-1]
-        score, ints, lens = s.score[:n], s.ints[:n], s.lens[:n, None]
-        t = ints[..., _T]
-        active = (t < lens) & (score > NEG_INF)  # (n, K)
-        finished = ~active
-        frames = t.clamp(max=T - 1)
+        score, ints, lens, active = s.score[:n], s.ints[:n], s.lens[:n, None], s.active[:n]
+        frames = ints[..., _T].clamp(max=T - 1)
         enc = s.enc.view(-1, J).index_select(0, (s.frame0[:n] + frames).view(-1)).view(n, K, J)
         logits = self.model.join_projected(enc, s.dec[:n])
         lp = log_softmax_fp32(logits[..., :V]).double()  # (n, K, V)
@@ -301,14 +326,17 @@ class MalsdBeamSearch:
         if self.tdt:
             lp = (lp[..., None] + log_softmax_fp32(logits[..., V:]).double()[..., None, :]).view(n, K, -1)
         W = lp.shape[-1]
-        cand = torch.where(finished[..., None], self.keep_self, lp) + score[..., None]  # (n, K, W)
-        best, choice = cand.view(n, K * W).topk(K, dim=1)  # (n, K): one topk over each utterance's K · W
+        # a finished hypothesis proposes itself (as a blank); one topk over each utterance's K · W candidates, best
+        # first (the merge below relies on the order)
+        cand = torch.where(active[..., None], lp, self.keep_self) + score[..., None]  # (n, K, W)
+        best, choice = cand.view(n, K * W).topk(K, dim=1)  # (n, K)
+        if self._arrays is not None and fusion is None:  # the rest in one compiled call
+            return self._advance_cpu(s, n, best, choice, W)
         src = torch.div(choice, W, rounding_mode="floor")
         picked = choice - src * W  # label (RNN-T) or (label, duration) pair (TDT)
         label = self.pair_label[picked] if self.tdt else picked
-        was_finished = finished.gather(1, src)
         alive = best > NEG_INF
-        emit = (label != blank) & ~was_finished & alive
+        emit = (label != blank) & active.gather(1, src) & alive
 
         # the survivors' state, by their source hypothesis
         flat = (s.hyp0[:n] + src).view(-1)  # (n · K,) the source rows
@@ -316,16 +344,13 @@ class MalsdBeamSearch:
         def reorder(x: torch.Tensor) -> torch.Tensor:  # (B_cap, K, F) -> the survivors' (n, K, F)
             return x.view(-1, x.shape[-1]).index_select(0, flat).view(n, K, -1)
 
-        new = reorder(s.ints)
-        t, sym, length, last, seq_hash = new[..., :_CTX].unbind(-1)
-        ctx = new[..., _CTX:]
+        t, sym, length, last, seq_hash, ctx = reorder(s.ints).unbind(-1)
         pos = length.clamp(max=L - 1)[..., None]  # the next free column (a non-emitter writes junk there)
         s.tokens[:n] = reorder(s.tokens).scatter_(2, pos, label[..., None])
         if s.stamps.shape[-1] > 1:  # the frame the label is emitted on: the hypothesis's before it moves
             s.stamps[:n] = reorder(s.stamps).scatter_(2, pos, t[..., None])
             if self.tdt:
                 s.durs[:n] = reorder(s.durs).scatter_(2, pos, self.dur[picked % self.D][..., None])
-        dec = reorder(s.dec)
         if fusion is not None:
             rows = torch.arange(n, device=self.device)[:, None]
             moved = next_fstate.view(n, K, V, 4)[rows, src, label.clamp(min=0)]  # (n, K, 4)
@@ -333,53 +358,68 @@ class MalsdBeamSearch:
             self._fstate[:n] = torch.where(emit[..., None], moved, old)
 
         # advance frames: blank one frame (TDT: its jump), a label stays (RNN-T) or jumps its duration (TDT); the
-        # S-th label on a frame moves one frame on, no blank scored
+        # S-th label on a frame moves one frame on, no blank scored. A finished hypothesis stays at its end.
         jump = self.pair_jump[picked] if self.tdt else (~emit).long()
-        stay = emit & (jump == 0)
-        sym = torch.where(stay, sym + 1, 0)
-        capped = stay & (sym >= S)
-        jump = torch.where(capped, 1, jump)
-        sym = torch.where(capped, 0, sym)
-        t = torch.where(was_finished | ~alive, t, t + jump)
+        sym = (sym + 1) * (emit & (jump == 0))  # labels on the frame, counting this one when it stays
+        capped = sym >= S
+        t = torch.minimum(t + jump + capped, lens)
+        sym = sym * ~capped * (t < lens)
         seq_hash = torch.where(emit, seq_hash * _HASH_MUL + label + 1, seq_hash)
         last = torch.where(emit, label, last)
-        length = length + emit.long()
-        ctx = torch.where(emit[..., None], torch.cat([ctx[..., 1:], label.clamp(min=0)[..., None]], dim=-1), ctx)
-        s.dec[:n] = self._decode(dec, ctx, emit)
+        length = length + emit
+        ctx = torch.where(emit, ctx % self.place[0] * V + label, ctx)  # drop the oldest token, append the label
+        ints.copy_(torch.stack([t, sym, length, last, seq_hash, ctx], dim=-1))
+        s.dec[:n] = self._decode(reorder(s.dec) if self._cache is None else None, ctx, emit)
 
-        # merge equal label sequences on the same frame: the best of each group takes their log-sum
-        at = torch.minimum(t, lens)  # every jump past the last frame ends in the same place
-        key = torch.stack([seq_hash, length, last, at, torch.where(at >= lens, 0, sym)], dim=-1)  # (n, K, 5)
-        same = (key[:, :, None] == key[:, None]).all(dim=-1) & alive[:, :, None] & alive[:, None, :]  # (n, K, K)
-        diff = best[:, None, :] - best[:, :, None]  # [k, j]: j's score minus k's
-        ahead = (diff > 0) | ((diff == 0) & self.earlier)
-        leader = ~(same & ahead).any(dim=2) & alive  # no better member in its group (a lone hypothesis leads itself)
-        # a leader holds its group's maximum, so the log-sum is its score + log Σ exp(difference)
-        total = best + torch.where(same, diff, NEG_INF).exp().sum(dim=2).log()
-        score.copy_(torch.where(leader, total, NEG_INF))
-        ints[..., :_CTX] = torch.stack([t, sym, length, last, seq_hash], dim=-1)
-        ints[..., _CTX:] = ctx
-        if self._static:  # the host's flag (the eager loop looks at the state itself)
-            torch.any(((t < lens) & (score > NEG_INF)).view(1, -1), dim=1, out=s.flag)
+        # merge hypotheses of one utterance with equal state rows (label sequence, frame, labels on the frame): the
+        # first of each group (the best: candidates come best first) takes their log-sum, the others leave
+        if K > 1:
+            same = (ints[:, :, None] == ints[:, None]).all(dim=-1) & alive[:, None, :]  # (n, K, K)
+            leader = ~(same & self.earlier).any(dim=2)
+            total = best + torch.where(same, best[:, None, :] - best[:, :, None], NEG_INF).exp().sum(dim=2).log()
+            best = torch.where(leader, total, NEG_INF)
+        score.copy_(best)
+        torch.logical_and(t < lens, best > NEG_INF, out=active)
+        if self._static:  # the host's flag
+            torch.any(active.view(1, -1), dim=1, out=s.flag)
+            return n
+        live = active.any(dim=1).nonzero()
+        return int(live[-1]) + 1 if live.numel() else 0
 
-    def _decode(self, dec: torch.Tensor, ctx: torch.Tensor, emit: torch.Tensor) -> torch.Tensor:
-        """(n, K, J) decoder outputs, those of the emitting hypotheses for their new contexts (n, K, C)."""
-        n, K, J = dec.shape
-        if self._static:
-            new = self.model.project_decoder(ctx.reshape(n * K, self.C)).view(n, K, J)
-            return torch.where(emit[..., None], new, dec)
-        took = emit.view(-1).nonzero().squeeze(1)
-        if not took.numel():
-            return dec
-        c = ctx.reshape(n * K, self.C).index_select(0, took)
+    def _advance_cpu(self, s: BeamState, n: int, best: torch.Tensor, choice: torch.Tensor, W: int) -> int:
+        """The bookkeeping of :meth:`_step` after the ``topk`` by :mod:`asrprec.decoding.batched_beam_cpu`."""
+        state, pairs = self._arrays
+        src = torch.empty(n, self.K, dtype=torch.int64)
+        emit = torch.empty(n, self.K, dtype=torch.bool)
+        live = advance_kernel()(best.numpy(), choice.numpy(), W, *state, *pairs, self.S, self.blank, self.V,
+                                self.drop, src.numpy(), emit.numpy())
+        s.score[:n] = best  # the kernel wrote the merged scores into it
+        dec = None
         if self._cache is None:
-            return dec.view(n * K, J).index_copy(0, took, self.model.project_decoder(c)).view(n, K, J)
-        ids = (c * self.place).sum(dim=1)
-        fresh = ids[~self._known[ids]].unique()
+            dec = s.dec.view(-1, s.dec.shape[-1]).index_select(0, (s.hyp0[:n] + src).view(-1)).view(n, self.K, -1)
+        s.dec[:n] = self._decode(dec, s.ints[:n, :, _CTX], emit)
+        return live
+
+    def _decode(self, dec: torch.Tensor | None, ctx: torch.Tensor, emit: torch.Tensor) -> torch.Tensor:
+        """(n, K, J) decoder outputs of the contexts ``ctx`` (n, K); ``dec`` (n, K, J) holds those of the
+        hypotheses that did not emit (None: every context comes from the cache)."""
+        n, K = ctx.shape
+        if self._static:  # every row
+            new = self.model.project_decoder((ctx.view(-1, 1) // self.place % self.V)).view(n, K, -1)
+            return torch.where(emit[..., None], new, dec)
+        if self._cache is None:  # the emitting rows
+            took = emit.view(-1).nonzero().squeeze(1)
+            if not took.numel():
+                return dec
+            c = ctx.view(-1).index_select(0, took)[:, None] // self.place % self.V
+            return dec.view(n * K, -1).index_copy(0, took, self.model.project_decoder(c)).view(n, K, -1)
+        ids = ctx.view(-1)
+        fresh = ids[~self._known[ids]]
         if fresh.numel():
+            fresh = fresh.unique()
             self._cache[fresh] = self.model.project_decoder(fresh[:, None] // self.place % self.V)
             self._known[fresh] = True
-        return dec.view(n * K, J).index_copy(0, took, self._cache[ids]).view(n, K, J)
+        return self._cache.index_select(0, ids).view(n, K, -1)
 
     # -- CUDA graphs ------------------------------------------------------------------------------
     def _capture(self, s: BeamState):

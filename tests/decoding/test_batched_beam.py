@@ -14,6 +14,7 @@ import torch
 from asrprec.decoding import (
     DecodingOptions, decode_encoder_out, greedy_search, malsd_beam_search, tdt_greedy_search,
 )
+from asrprec.decoding.batched_beam import MalsdBeamSearch
 from asrprec.decoding.fusion import Fusion
 from asrprec.models import Decoder, Joiner, LossConfig, Transducer
 
@@ -173,3 +174,51 @@ def test_fusion_at_scale_zero_and_the_named_method(kit, tmp_path):
     assert malsd_beam_search(model, enc, enc_lens, 4, 1, return_scores=True, fusion=fusion) == plain
     options = DecodingOptions(method="malsd_batch", beam=4)
     assert decode_encoder_out(model, enc, enc_lens, options) == plain[0]
+
+
+@pytest.mark.parametrize("max_sym", [1, 2])
+def test_compiled_cpu_step_equals_the_tensor_form(kit, max_sym):
+    """The eager CPU search (bookkeeping in one numba call) and the static tensor form (what a CUDA graph replays)
+    are written apart; both give the same tokens, frames, durations and scores (to the rounding of fp32 joiner and
+    decoder calls on other rows), merges included."""
+    for model in (kit.make_model(5, blank_bias=0.5), tdt_model(kit, 5)):
+        feats, lens = kit.make_batch(5, LENS)
+        enc, enc_lens = model.encode(feats, lens)
+        for beam in (1, 3, 6):
+            eager = MalsdBeamSearch(model, beam, max_sym)
+            assert eager._static is False
+            got = eager(enc, enc_lens, return_results=True)
+            assert eager._arrays is not None  # the compiled step ran
+            want = malsd_beam_search(model, enc, enc_lens, beam, max_sym, static_shapes=True, return_results=True)
+            assert [(r.tokens, r.frames, r.durations) for r in got] == [(r.tokens, r.frames, r.durations) for r in want]
+            assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=1e-5)  # fp32 calls on other rows
+            assert sum(len(r.tokens) for r in got) > 10
+
+
+def test_one_search_over_many_batches(kit):
+    """One MalsdBeamSearch over batches of other sizes: its static state keeps its addresses and takes a smaller batch
+    in its first rows (as a replayed CUDA graph does), the eager one keeps its decoder outputs between calls; both
+    decode each batch as a one-off call does, and a changed weight drops the kept decoder outputs."""
+    model = kit.make_model(11, blank_bias=0.5)
+    batches = [kit.make_batch(s, lens) for s, lens in ((1, LENS), (2, [4, 9]), (3, [12, 2, 6, 6, 1, 8, 3]))]
+    static, eager = MalsdBeamSearch(model, 3, 2, static_shapes=True), MalsdBeamSearch(model, 3, 2)
+    ptrs = None
+    for feats, lens in batches + batches[:1]:
+        enc, enc_lens = model.encode(feats, lens)
+        want = malsd_beam_search(model, enc, enc_lens, 3, 2, return_scores=True)
+        got = static(enc, enc_lens, return_scores=True)
+        assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=1e-5)
+        got = eager(enc, enc_lens, return_scores=True)
+        assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=1e-5)
+        if static.state.enc.shape[0] == 7:  # the largest batch allocated the state: from then on it stays put
+            ptrs = ptrs or static.state.data_ptrs()
+            assert static.state.data_ptrs() == ptrs
+    assert static.state.enc.shape[:2] == (7, 12) and ptrs is not None
+    enc, enc_lens = model.encode(*batches[0])
+    before = malsd_beam_search(model, enc, enc_lens, 3, 2)
+    with torch.no_grad():
+        model.decoder.embedding.weight.mul_(-3.0)
+    want = malsd_beam_search(model, enc, enc_lens, 3, 2, return_scores=True)
+    assert want[0] != before  # kept outputs of the old weights would decode differently
+    got = eager(enc, enc_lens, return_scores=True)
+    assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=1e-5)
