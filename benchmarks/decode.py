@@ -9,7 +9,11 @@ Precision modes (the same weights every time):
   NeMo's choice for inference (NVIDIA/NeMo PR #9198 reports ~15 % higher RTFx than autocast on GPUs).
 
 Methods: ``greedy_search`` (frame-looping), ``label_looping`` (:class:`asrprec.decoding.LabelLoopingGreedy`,
-eager), ``label_looping_graphs`` (the same, captured as CUDA graphs; CUDA only) and ``modified_beam_search``; on a
+eager), ``label_looping_graphs`` (the same, captured as CUDA graphs; CUDA only), ``modified_beam_search`` and
+``malsd_batch`` (:class:`asrprec.decoding.batched_beam.MalsdBeamSearch`, one search kept for the run: its decoder
+outputs by context and state persist from batch to batch), ``malsd_batch_per_call`` (a new search per batch,
+:func:`asrprec.decoding.malsd_beam_search` as the recipes' ``decode.py`` calls it; static shapes on CUDA) and
+``malsd_batch_graphs`` (its step captured as a CUDA graph; CUDA only); on a
 model with a CTC head (a hybrid decodes both heads; ``--synthetic --ctc`` builds one) ``ctc_greedy_search`` and
 ``ctc_prefix_beam_search`` (``--beam``). A TDT model (``--loss tdt``) runs the TDT searches under the same names
 (:func:`asrprec.decoding.tdt_greedy_search`, :class:`asrprec.decoding.TdtLabelLoopingGreedy`,
@@ -17,14 +21,17 @@ model with a CTC head (a hybrid decodes both heads; ``--synthetic --ctc`` builds
 
 Each row: WER (%), RTFx = audio seconds / (encoder + search) seconds, by the wall clock and by this process's CPU
 time (on a shared machine the wall clock also counts the time the process waits for a core; with one thread the
-CPU time is the work itself), and the four times, medians of ``--runs`` timed passes after one warm-up pass, every
-mode x method interleaved pass by pass; features are loaded before timing. With a trained model
-(``--exp-dir``, ``--epoch``, ``--avg``, ``--data-dir``) the WER is real; ``--synthetic`` decodes random features
-with random weights (speed only: the blank logit is shifted so greedy search emits about ``--token-rate`` tokens
-per encoder frame, as a trained model would), for machines without the data.
+CPU time is the work itself), the four times and the search's own RTFx (audio seconds / search CPU seconds),
+medians of ``--runs`` timed passes after one warm-up pass, every mode x method interleaved pass by pass; features
+are loaded before timing. With a trained model (``--exp-dir``, ``--epoch``, ``--avg``, ``--data-dir``) the WER is
+real; ``--synthetic`` decodes random features with random weights (speed only: the blank logit is shifted so greedy
+search emits about ``--token-rate`` tokens per encoder frame, as a trained model would), for machines without the
+data.
 
     python benchmarks/decode.py --exp-dir exp --epoch 10 --avg 3 --data-dir data --split test
     python benchmarks/decode.py --synthetic --size small --device cuda --modes fp32,cast-bf16,autocast-bf16
+    python benchmarks/decode.py --exp-dir exp --data-dir data --modes fp32 --batch-size 32 --threads 1 --runs 5 \
+        --methods label_looping,modified_beam_search,malsd_batch,malsd_batch_per_call
 """
 
 from __future__ import annotations
@@ -44,15 +51,17 @@ import torch
 from asrprec.data.frames import FRAME_SHIFT_S
 from asrprec.decoding import (
     LabelLoopingGreedy, TdtLabelLoopingGreedy, check_method, ctc_greedy_search, ctc_prefix_beam_search, greedy_search,
-    is_tdt, modified_beam_search, tdt_greedy_search, tdt_modified_beam_search,
+    is_tdt, malsd_beam_search, modified_beam_search, tdt_greedy_search, tdt_modified_beam_search,
 )
+from asrprec.decoding.batched_beam import MalsdBeamSearch
 from asrprec.metrics import compute_wer
 from asrprec.models import build_transducer
 from asrprec.precision import get_policy
 
 MODES = ("fp32", "autocast-bf16", "autocast-fp16", "cast-bf16", "cast-fp16")
-METHODS = ("greedy_search", "label_looping", "label_looping_graphs", "modified_beam_search", "ctc_greedy_search",
-           "ctc_prefix_beam_search")
+METHODS = ("greedy_search", "label_looping", "label_looping_graphs", "modified_beam_search", "malsd_batch",
+           "malsd_batch_per_call", "malsd_batch_graphs", "ctc_greedy_search", "ctc_prefix_beam_search")
+GRAPH_METHODS = ("label_looping_graphs", "malsd_batch_graphs")  # CUDA only
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -64,6 +73,8 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test")
     p.add_argument("--max-duration", type=float, default=300.0, help="seconds of audio per batch")
     p.add_argument("--max-utts", type=int, default=0, help="decode only the first N utterances (0 = all)")
+    p.add_argument("--batch-size", type=int, default=0,
+                   help="utterances per batch, in the split's order (0 = the loader's batches of --max-duration)")
     p.add_argument("--synthetic", action="store_true", help="random weights and random features (speed only)")
     p.add_argument("--encoder", default="zipformer")
     p.add_argument("--size", default="tiny", help="--synthetic: model preset")
@@ -106,6 +117,19 @@ def load_trained(args) -> tuple[torch.nn.Module, list[dict], object]:
     loader = AsrDataModule(DataConfig(max_duration=args.max_duration)).test_dataloader(cuts)
     batches = [{k: batch[k] for k in ("features", "feature_lens", "texts")} for batch in loader]
     return model, batches, Tokenizer(args.data_dir / "bpe.model")
+
+
+def rebatch(batches: list[dict], size: int) -> list[dict]:
+    """The same utterances in batches of ``size`` (the last one smaller), padding trimmed to each batch's longest."""
+    feats = [b["features"][i, : int(n)] for b in batches for i, n in enumerate(b["feature_lens"])]
+    texts = [t for b in batches for t in (b["texts"] or [None] * len(b["feature_lens"]))]
+    out = []
+    for start in range(0, len(feats), size):
+        chunk = feats[start : start + size]
+        lens = torch.tensor([f.shape[0] for f in chunk])
+        out.append({"features": torch.nn.utils.rnn.pad_sequence(chunk, batch_first=True), "feature_lens": lens,
+                    "texts": texts[start : start + size] if texts[0] is not None else None})
+    return out
 
 
 def make_synthetic(args) -> tuple[torch.nn.Module, list[dict], None]:
@@ -195,7 +219,11 @@ def searcher(model, method: str, args):
         if tdt:
             return lambda enc, lens: tdt_modified_beam_search(model, enc, lens, args.beam, args.max_sym_per_frame)
         return lambda enc, lens: modified_beam_search(model, enc, lens, beam=args.beam)
-    graphs = method == "label_looping_graphs"
+    graphs = method in GRAPH_METHODS
+    if method == "malsd_batch_per_call":
+        return lambda enc, lens: malsd_beam_search(model, enc, lens, args.beam, args.max_sym_per_frame)
+    if method.startswith("malsd_batch"):
+        return MalsdBeamSearch(model, args.beam, args.max_sym_per_frame, use_cuda_graphs=graphs)
     looping = TdtLabelLoopingGreedy if tdt else LabelLoopingGreedy
     return looping(model, args.max_sym_per_frame, use_cuda_graphs=graphs)
 
@@ -236,19 +264,22 @@ def main(argv=None) -> str:
         torch.set_num_threads(args.threads)
     modes = _csv(args.modes, MODES, "modes")
     methods = _csv(args.methods, METHODS, "methods")
-    if "label_looping_graphs" in methods and not args.device.startswith("cuda"):
-        methods.remove("label_looping_graphs")  # CUDA graphs exist only on CUDA devices
+    if not args.device.startswith("cuda"):  # CUDA graphs exist only on CUDA devices
+        methods = [m for m in methods if m not in GRAPH_METHODS]
     model, batches, tokenizer = make_synthetic(args) if args.synthetic else load_trained(args)
+    if args.batch_size:
+        batches = rebatch(batches, args.batch_size)
     for method in methods:  # a method the model has no head for (a CTC method without --ctc / --use-ctc ...)
         try:
-            check_method(model, "greedy_search" if method.startswith("label_looping") else method)
+            check_method(model, "greedy_search" if method.startswith("label_looping") else
+                         "malsd_batch" if method.startswith("malsd_batch") else method)
         except ValueError as e:
             raise SystemExit(f"--methods {method}: {e}") from None
     audio = sum(float(b["feature_lens"].sum()) for b in batches) * FRAME_SHIFT_S
     refs = [t.split() for b in batches for t in (b["texts"] or [])]
     n_utts = sum(len(b["feature_lens"]) for b in batches)
     lines = ["| mode | method | WER % | RTFx (wall) | RTFx (CPU) | encoder s | search s | encoder CPU s | search CPU s "
-             "| tokens | same as greedy_search |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| tokens | same as greedy_search | search RTFx (CPU) |", "|---" * 12 + "|"]
     print("\n".join(lines), flush=True)
     setups = {}
     for mode in modes:
@@ -261,20 +292,32 @@ def main(argv=None) -> str:
         if method.startswith("label_looping") and (mode, "greedy_search") in results:
             differ = sum(a != b for a, b in zip(hyps, results[mode, "greedy_search"][0]))
             same = "yes" if differ == 0 else f"no: {differ} of {len(hyps)} utterances differ"
+        if method == "malsd_batch_graphs" and (mode, "malsd_batch") in results:  # the replayed graph's decisions
+            differ = sum(a != b for a, b in zip(hyps, results[mode, "malsd_batch"][0]))
+            same = "yes (vs malsd_batch)" if differ == 0 else f"no: {differ} of {len(hyps)} differ from malsd_batch"
         wer = "-"
         if tokenizer is not None:
             wer = f"{compute_wer(refs, [tokenizer.decode(h).split() for h in hyps]).wer_percent:.2f}"
         row = (f"| {mode} | {method} | {wer} | {audio / (te + ts):.1f} | {audio / (ce + cs):.1f} | {te:.2f} | "
-               f"{ts:.2f} | {ce:.2f} | {cs:.2f} | {sum(map(len, hyps))} | {same} |")
+               f"{ts:.2f} | {ce:.2f} | {cs:.2f} | {sum(map(len, hyps))} | {same} | {audio / cs:.1f} |")
         lines.append(row)
         print(row, flush=True)
+    clock, at = ("wall", 2) if args.device.startswith("cuda") else ("CPU", 4)  # a GPU's work is not the CPU's time
+    for mode in modes:  # the beam searches' own speed against each other, in this run
+        for method in ("malsd_batch", "malsd_batch_per_call", "malsd_batch_graphs"):
+            if (mode, method) in results and (mode, "modified_beam_search") in results:
+                ratio = results[mode, "modified_beam_search"][at] / results[mode, method][at]
+                lines.append(f"\n{mode}: {method}'s search RTFx ({clock}) is {ratio:.2f}x modified_beam_search's")
+                print(lines[-1], flush=True)
+    n_batches = len(batches)
     source = (f"synthetic: random {args.encoder} {args.size}, V={args.vocab}, {n_utts} utterances x <= {args.seconds} s, "
               f"blank shifted for {args.token_rate} tokens/frame" if args.synthetic else
               f"{args.exp_dir} epoch {args.epoch} avg {args.avg}, {args.split}: {n_utts} utterances")
     device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else _cpu_name()
     header = (f"\n### Decoding: precision modes x methods ({device}, {torch.get_num_threads()} threads, torch "
               f"{torch.__version__}, {datetime.date.today()})\n\n{source}; {audio:.0f} s of audio; beam {args.beam}, "
-              f"max_sym_per_frame {args.max_sym_per_frame}; median of {args.runs} runs after a warm-up.\n")
+              f"max_sym_per_frame {args.max_sym_per_frame}; {n_batches} batches; median of {args.runs} runs after a "
+              "warm-up.\n")
     table = header + "\n" + "\n".join(lines) + "\n"
     if args.out:
         with open(args.out, "a") as f:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot GPU check: every GPU number the project still lacks, appended to benchmarks/RESULTS.md, in about
-# 6 minutes on one H100/H200-class GPU (each step has a wall-clock cap; the caps add up to 485 s). From the repo root:
+# 6 minutes on one H100/H200-class GPU (each step has a wall-clock cap; the caps add up to 525 s). From the repo root:
 #   PYTHONPATH=. bash benchmarks/gpu_check.sh             # needs torch with CUDA, numba-cuda, torchaudio
 #   PYTHONPATH=. bash benchmarks/gpu_check.sh --dry-run   # rehearsal on the CPU: every step at toy size,
 #                                                         # numba-cuda in its simulator, tables to a temp file
@@ -20,6 +20,8 @@
 #  6. streaming Zipformer: streaming vs simulated streaming, then cost per chunk and RTFx;
 #  7. decoding: RTFx of greedy (frame-looping), label-looping without and with CUDA graphs and modified beam
 #     search, under fp32, autocast bf16/fp16 and whole-model bf16/fp16 casts (synthetic data, random weights);
+#  7b. malsd_batch (batched beam search) eagerly and with its step captured as a CUDA graph and replayed: the same
+#      tokens ("same as" column), RTFx against modified beam search (the dry run decodes eagerly on the CPU);
 #  8. torch.compile: Zipformer small training step compiled vs eager (fp32, amp-bf16), compile time
 #     (benchmarks/compile.py; the dry run traces with the "eager" backend: no code generation on the CPU);
 #  9. batches sized by memory: the stored --max-memory plan (Zipformer medium, amp-bf16, 80 GB; made on the CPU by
@@ -62,6 +64,8 @@ LOSS_ARGS=(--device cuda --backends numba-cuda,torch --repeats 3 --peer-repeats 
   --shapes "1,200,100,28;1,200,100,1024;8,200,100,1024;32,200,100,1024;8,400,200,1024")
 STREAM_ARGS=(--device cuda --sizes small --policies fp32,bf16 --streams 1,16 --chunks 32 --left 128 --seconds 10 --runs 3)
 DECODE_ARGS=(--synthetic --size medium --vocab 500 --utts 32 --seconds 10 --runs 2 --device cuda)
+MALSD_ARGS=(--synthetic --size medium --vocab 500 --utts 32 --seconds 10 --runs 2 --device cuda
+  --modes fp32,autocast-bf16 --methods modified_beam_search,malsd_batch,malsd_batch_graphs --beam 4)
 COMPILE_ARGS=(--device cuda --models zipformer:small --precisions fp32,amp-bf16 --batches 8 --warmup 3
   --batch-size 16,32 --frames 500,1500)
 PLAN_ARGS=(device-run --plans benchmarks/data/batch_plan_gpu.json --policy amp-bf16 --device cuda --steps 2 --buckets 4)
@@ -70,6 +74,7 @@ if [ "$DRY" = 1 ]; then
   LOSS_ARGS+=(--device cpu --shapes "1,2,1,4" --repeats 1 --peer-repeats 1 --no-mem --threads 1)
   STREAM_ARGS+=(--device cpu --sizes tiny --streams 1 --chunks 16 --left 64 --seconds 1 --runs 1 --threads 1)
   DECODE_ARGS+=(--device cpu --size tiny --vocab 64 --utts 2 --seconds 1 --runs 1 --threads 1)
+  MALSD_ARGS+=(--device cpu --size tiny --vocab 64 --utts 2 --seconds 1 --runs 1 --threads 1 --modes fp32)
   COMPILE_ARGS+=(--device cpu --models zipformer:tiny --precisions fp32 --batches 1 --warmup 1 --batch-size 2,2
     --frames 40,40 --threads 1 --backend eager)
 fi
@@ -88,6 +93,8 @@ step 15 "Streaming vs simulated streaming" $PY benchmarks/gpu_check.py streaming
 step 25 "Streaming Zipformer: cost per chunk and RTFx (benchmarks/streaming.py)" $PY benchmarks/streaming.py "${STREAM_ARGS[@]}"
 step 50 "Decoding: precision modes x methods, label-looping with and without CUDA graphs (benchmarks/decode.py)" \
   $PY benchmarks/decode.py "${DECODE_ARGS[@]}"
+step 40 "Decoding: malsd_batch eagerly and replayed as a CUDA graph (benchmarks/decode.py)" \
+  $PY benchmarks/decode.py "${MALSD_ARGS[@]}"
 step 60 "torch.compile: training step compiled vs eager (benchmarks/compile.py)" \
   $PY benchmarks/compile.py "${COMPILE_ARGS[@]}"
 step 60 "Batches sized by memory: a --max-memory plan run per bucket (benchmarks/batch_plan.py)" \

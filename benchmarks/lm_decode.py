@@ -26,8 +26,9 @@ import decode as bench  # noqa: E402  (benchmarks/decode.py: loading and interle
 
 from asrprec.data.frames import FRAME_SHIFT_S  # noqa: E402
 from asrprec.decoding import (  # noqa: E402
-    LabelLoopingGreedy, ctc_prefix_beam_search, malsd_beam_search, modified_beam_search,
+    LabelLoopingGreedy, ctc_prefix_beam_search, modified_beam_search,
 )
+from asrprec.decoding.batched_beam import MalsdBeamSearch  # noqa: E402
 from asrprec.decoding.fusion import Fusion  # noqa: E402
 from asrprec.metrics import compute_wer  # noqa: E402
 
@@ -55,27 +56,15 @@ def get_parser() -> argparse.ArgumentParser:
     return p
 
 
-def rebatch(batches: list[dict], size: int) -> list[dict]:
-    """The same utterances in batches of ``size`` (the last one smaller), padding trimmed to each batch's longest."""
-    feats = [b["features"][i, : int(n)] for b in batches for i, n in enumerate(b["feature_lens"])]
-    texts = [t for b in batches for t in b["texts"]]
-    out = []
-    for start in range(0, len(feats), size):
-        chunk = feats[start : start + size]
-        lens = torch.tensor([f.shape[0] for f in chunk])
-        out.append({"features": torch.nn.utils.rnn.pad_sequence(chunk, batch_first=True), "feature_lens": lens,
-                    "texts": texts[start : start + size]})
-    return out
-
-
 def search_for(model, method: str, beam: int, fusion):
     if method == "greedy_search":
         looping = LabelLoopingGreedy(model, 1)
         return lambda enc, lens: looping(enc, lens, fusion=fusion)
     if method == "modified_beam_search":
         return lambda enc, lens: modified_beam_search(model, enc, lens, beam=beam, fusion=fusion)
-    if method == "malsd_batch":
-        return lambda enc, lens: malsd_beam_search(model, enc, lens, beam, 1, fusion=fusion)
+    if method == "malsd_batch":  # one search for the run: its decoder outputs by context are kept between batches
+        search = MalsdBeamSearch(model, beam, 1)
+        return lambda enc, lens: search(enc, lens, fusion=fusion)
     return lambda enc, lens: ctc_prefix_beam_search(model.ctc_log_probs(enc), lens, beam, blank_id=model.blank_id,
                                                     fusion=fusion)
 
@@ -89,7 +78,7 @@ def main(argv=None) -> str:
                                    split=args.split, max_utts=args.max_utts, max_duration=300.0)
     model, batches, tokenizer = bench.load_trained(load_args)
     model, autocast = bench.variant(model, "fp32", "cpu")
-    batches = rebatch(batches, args.batch_size)
+    batches = bench.rebatch(batches, args.batch_size)
     configs = [("none", 0.0, 0.0)]
     configs += [("LM", lam, 0.0) for lam in args.lm_scale]
     if args.lodr:

@@ -17,7 +17,8 @@ STEPS = ["numba-cuda RNN-T loss vs the float64 reference", "numba-cuda TDT loss 
          "RNN-T loss backends", "Joint + loss",
          "Training step per precision policy", "Whole-step memory", "ScaledAdam step", "bf16 weight updates",
          "Streaming vs simulated streaming",
-         "Streaming Zipformer", "Decoding: precision modes x methods", "torch.compile: training step", "Batches sized by memory"]
+         "Streaming Zipformer", "Decoding: precision modes x methods", "Decoding: malsd_batch eagerly and replayed",
+         "torch.compile: training step", "Batches sized by memory"]
 
 
 def test_gpu_check_dry_run(tmp_path):
@@ -36,7 +37,11 @@ def test_gpu_check_dry_run(tmp_path):
         rows = [line for line in block.splitlines() if line.startswith("| ") and not line.startswith("|---")]
         assert len(rows) >= 2, block[:500]
     # the decoding step ran label-looping and frame-looping greedy search and beam search under every mode
-    decode = text.split("#### Decoding")[1]
+    decode = text.split("#### Decoding: precision")[1]
     for mode in ("fp32", "autocast-bf16", "autocast-fp16", "cast-bf16", "cast-fp16"):
         for method in ("greedy_search", "label_looping", "modified_beam_search"):
             assert f"| {mode} | {method} |" in decode
+    # the malsd_batch step decoded with it and with modified beam search, and compared their search speed
+    malsd = text.split("#### Decoding: malsd_batch")[1].split("#### ")[0]
+    assert "| fp32 | malsd_batch |" in malsd and "| fp32 | modified_beam_search |" in malsd
+    assert "fp32: malsd_batch's search RTFx (CPU) is" in malsd

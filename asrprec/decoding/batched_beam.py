@@ -8,9 +8,10 @@ the code is ours). The B × K hypotheses (K = beam) each keep their own frame po
 
 1. the joiner at each hypothesis's frame and its decoder output gives log-probabilities (fp32); the LM / phrase
    bonus of :mod:`asrprec.decoding.fusion` is added to non-blank tokens;
-2. each active hypothesis proposes its K best labels (RNN-T) or (label, duration) pairs (TDT); a finished
-   hypothesis (past its utterance's last frame) proposes itself, unchanged;
-3. the K best of each utterance's K × K candidates survive (one ``topk`` for the batch);
+2. each active hypothesis proposes every label (RNN-T) or (label, duration) pair (TDT); a finished hypothesis
+   (at its utterance's last frame) proposes itself, unchanged;
+3. the K best of each utterance's K · V (TDT: K · V · D) candidates survive, best first (one ``topk`` for the batch;
+   the same K as the best K of each hypothesis's best K);
 4. a blank moves the hypothesis one frame on, a label stays on the frame (RNN-T) or jumps by its duration (TDT:
    a blank jumps max(d, 1)); the ``max_sym_per_frame``-th label on a frame moves one frame on, no blank scored
    (the rule of greedy search and of :mod:`asrprec.decoding.tdt`; with 1, icefall's one symbol per frame of
@@ -20,15 +21,16 @@ the code is ours). The B × K hypotheses (K = beam) each keep their own frame po
    their scores, the others leave the beam (NeMo's ``recombine_hyps_``: equal transcript hash, last label and
    length; the frame is implied there for RNN-T and compared for TDT; we compare it always, and also the labels
    already emitted on the frame, which decide what a hypothesis may still do there, so a merge never joins two
-   different futures; the sequences are compared by a 64-bit rolling hash with their lengths and last labels).
+   different futures; the sequences are compared by a 64-bit rolling hash with their lengths, last labels and
+   decoder contexts).
 
 The loop ends when every hypothesis is finished; the result is the best by length-normalised score (icefall's rule,
 as :func:`asrprec.decoding.modified_beam_search`) or raw score. With K = 1 it makes greedy search's decisions.
 
 One step is a fixed list of tensor operations on the whole (B, K) block, with no Python loop over utterances,
 hypotheses or labels: one joiner call on each hypothesis's frame (gathered from the encoder projection made once
-for the call), one ``topk`` over each utterance's K × V candidates, one ``gather`` of the survivors' packed state, and
-the merge as (B, K, K) comparisons. The state lives in preallocated tensors (:class:`BeamState`) updated in place, so
+for the call), one ``topk`` over each utterance's K · V candidates, one row copy of the survivors' packed state, and
+the merge as (B, K, K) comparisons of state rows. The state lives in preallocated tensors (:class:`BeamState`) updated in place, so
 the step has static shapes and addresses: on a CUDA device :class:`MalsdBeamSearch` captures it once as a CUDA graph
 and replays it, the host reading one flag (any hypothesis active?) between replays (label looping's
 ``no_while_loops`` mode, :mod:`asrprec.decoding.label_looping`), and the decoder runs on every row. Elsewhere
