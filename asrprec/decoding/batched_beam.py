@@ -184,7 +184,7 @@ class MalsdBeamSearch:
         """Decode a batch: encoder_out (B, T, D_enc) from ``model.encode``, encoder_out_lens (B,) integer (0 allowed).
 
         ``fusion``: LM / LODR / phrase bonuses for non-blank labels (:mod:`asrprec.decoding.fusion`; a batch with
-        fusion runs eagerly); an unfinished phrase gives its bonus back before the final choice. Returns B token-id
+        fusion runs without the CUDA graph and, on the CPU, without the compiled step); an unfinished phrase gives its bonus back before the final choice. Returns B token-id
         lists in the input order; with ``return_scores`` also B floats (float64 sums of fp32 log-probabilities);
         with ``return_results`` B :class:`~asrprec.decoding.DecodingResult`: each token's frame (where the chosen
         hypothesis emitted it), a TDT model's durations (of the chosen (label, duration) pairs), the score.
