@@ -28,11 +28,11 @@ The loop ends when every hypothesis is finished; the result is the best by lengt
 as :func:`asrprec.decoding.modified_beam_search`) or raw score. With K = 1 it makes greedy search's decisions.
 
 One step is a fixed list of tensor operations on the whole (B, K) block, with no Python loop over utterances,
-hypotheses or labels: one joiner call on each hypothesis's frame (gathered from the encoder projection made once
-for the call), one ``topk`` over each utterance's K · V candidates, one row copy of the survivors' packed state, and
-the merge as (B, K, K) comparisons of state rows. The state lives in preallocated tensors (:class:`BeamState`) updated in place, so
-the step has static shapes and addresses: on a CUDA device :class:`MalsdBeamSearch` captures it once as a CUDA graph
-and replays it, the host reading one flag (any hypothesis active?) between replays (label looping's
+hypotheses or labels: one joiner call on each hypothesis's frame (gathered from the encoder projection made once for
+the call), one ``topk`` over each utterance's K · V candidates, one row copy of the survivors' packed state, and the
+merge as (B, K, K) comparisons of state rows. The state lives in preallocated tensors (:class:`BeamState`) updated
+in place, so the step has static shapes and addresses: on a CUDA device :class:`MalsdBeamSearch` captures it once as
+a CUDA graph and replays it, the host reading one flag (any hypothesis active?) between replays (label looping's
 ``no_while_loops`` mode, :mod:`asrprec.decoding.label_looping`), and the decoder runs on every row. Elsewhere
 (eagerly) each step computes only the utterances up to the last one still active (the batch is sorted by length),
 and the decoder runs only for new contexts: its output depends on the last C tokens only, and is kept by context
@@ -184,10 +184,11 @@ class MalsdBeamSearch:
         """Decode a batch: encoder_out (B, T, D_enc) from ``model.encode``, encoder_out_lens (B,) integer (0 allowed).
 
         ``fusion``: LM / LODR / phrase bonuses for non-blank labels (:mod:`asrprec.decoding.fusion`; a batch with
-        fusion runs without the CUDA graph and, on the CPU, without the compiled step); an unfinished phrase gives its bonus back before the final choice. Returns B token-id
-        lists in the input order; with ``return_scores`` also B floats (float64 sums of fp32 log-probabilities);
-        with ``return_results`` B :class:`~asrprec.decoding.DecodingResult`: each token's frame (where the chosen
-        hypothesis emitted it), a TDT model's durations (of the chosen (label, duration) pairs), the score.
+        fusion runs without the CUDA graph and, on the CPU, without the compiled step); an unfinished phrase gives
+        its bonus back before the final choice. Returns B token-id lists in the input order; with ``return_scores``
+        also B floats (float64 sums of fp32 log-probabilities); with ``return_results`` B
+        :class:`~asrprec.decoding.DecodingResult`: each token's frame (where the chosen hypothesis emitted it), a
+        TDT model's durations (of the chosen (label, duration) pairs), the score.
         """
         batch = sort_and_project(self.model, encoder_out, encoder_out_lens)
         B, T = encoder_out.shape[:2]
