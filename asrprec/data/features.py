@@ -108,7 +108,7 @@ def compute_fbank(
                 return stored
         log.info("features in %s do not match the cuts; recomputing", manifest_path)
     Path(storage_path).parent.mkdir(parents=True, exist_ok=True)
-    cuts = _at_feature_rate(cuts)
+    cuts = at_feature_rate(cuts)
     start = time.perf_counter()
     own_executor = executor is None and num_jobs > 1
     if own_executor:
@@ -141,15 +141,30 @@ def compute_fbank(
     return with_feats
 
 
-def _at_feature_rate(cuts: Any) -> Any:
+def report_audio_formats(cuts: Any) -> int:
+    """Log how many ``cuts`` are not 16 kHz mono (their rates and channel counts, one example); return that count.
+    For decoders that take each cut's audio at its own rate and mix it down (sherpa-onnx)."""
+    from .source_formats import SAMPLE_RATE
+
+    other = [c for c in cuts if c.sampling_rate != SAMPLE_RATE or c.num_channels != 1]
+    if other:
+        formats = sorted({(c.sampling_rate, c.num_channels) for c in other})
+        log.warning("%d of %d cuts are not %d Hz mono (%s; e.g. %s): each is decoded at its own rate and mixed down",
+                    len(other), len(cuts), SAMPLE_RATE, ", ".join(f"{r} Hz x {n} channel(s)" for r, n in formats),
+                    other[0].id)
+    return len(other)
+
+
+def at_feature_rate(cuts: Any) -> Any:
     """``cuts`` with every cut of another sampling rate resampled to the fbank's 16 kHz (lazily, when its audio is
     loaded) and the count logged; fbank of 8 kHz audio read as 16 kHz would describe other frequencies."""
     lhotse = require("lhotse")
     from .source_formats import SAMPLE_RATE
 
+    cuts = list(cuts)
     other = [c for c in cuts if c.sampling_rate != SAMPLE_RATE]
     if not other:
-        return cuts
+        return lhotse.CutSet.from_cuts(cuts)
     rates = sorted({c.sampling_rate for c in other})
     log.warning("%d of %d cuts are not %d Hz (%s Hz, e.g. %s): resampled to %d Hz for the features", len(other),
                 len(cuts), SAMPLE_RATE, ", ".join(map(str, rates)), other[0].id, SAMPLE_RATE)

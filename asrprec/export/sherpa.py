@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from asrprec._optional import require
+from asrprec.atomic import atomic_write_text
 from asrprec.config import option
 
 SAMPLE_RATE = 16000
@@ -53,11 +54,15 @@ def read_tokens(path: Path | str) -> Dict[str, int]:
 
 def recognize(model_dir: Path | str, waves: Sequence[np.ndarray], *, streaming: bool, variant: Optional[str] = None,
               num_threads: int = 1, batch: int = 8, tail_padding_s: float = TAIL_PADDING_S,
-              ctc: bool = False) -> List[List[int]]:
-    """Token ids sherpa-onnx recognises in each 16 kHz float waveform, ``batch`` streams per ``decode_streams``
-    call; greedy search. ``streaming``: ``OnlineRecognizer`` (each stream followed by ``tail_padding_s`` of
-    silence) instead of ``OfflineRecognizer``. ``ctc``: the CTC export ``model.onnx``
+              ctc: bool = False, sample_rates: int | Sequence[int] = SAMPLE_RATE) -> List[List[int]]:
+    """Token ids sherpa-onnx recognises in each mono float waveform, ``batch`` streams per ``decode_streams``
+    call; greedy search. ``sample_rates``: each waveform's rate (one for all, or one each), told to sherpa-onnx,
+    which resamples to the model's 16 kHz itself. ``streaming``: ``OnlineRecognizer`` (each stream followed by
+    ``tail_padding_s`` of silence) instead of ``OfflineRecognizer``. ``ctc``: the CTC export ``model.onnx``
     (``from_zipformer_ctc`` / ``from_zipformer2_ctc``) instead of the transducer's three files."""
+    rates = [int(sample_rates)] * len(waves) if isinstance(sample_rates, (int, np.integer)) else list(sample_rates)
+    if len(rates) != len(waves):
+        raise ValueError(f"{len(waves)} waveforms but {len(rates)} sample rates; give one rate, or one per waveform")
     sherpa_onnx = require("sherpa_onnx")
     paths = _paths(Path(model_dir), variant, ctc)
     if not ctc:
@@ -83,14 +88,13 @@ def recognize(model_dir: Path | str, waves: Sequence[np.ndarray], *, streaming: 
             encoder=paths["encoder"], decoder=paths["decoder"], joiner=paths["joiner"], tokens=paths["tokens"],
             num_threads=num_threads, sample_rate=SAMPLE_RATE, feature_dim=80, decoding_method="greedy_search")
     results: List[List[int]] = []
-    tail = np.zeros(int(tail_padding_s * SAMPLE_RATE), dtype=np.float32)
     for start in range(0, len(waves), batch):
         streams = []
-        for w in waves[start: start + batch]:
+        for w, rate in zip(waves[start: start + batch], rates[start: start + batch]):
             s = rec.create_stream()
-            s.accept_waveform(SAMPLE_RATE, np.ascontiguousarray(w, dtype=np.float32))
+            s.accept_waveform(rate, np.ascontiguousarray(w, dtype=np.float32))
             if streaming:
-                s.accept_waveform(SAMPLE_RATE, tail)
+                s.accept_waveform(rate, np.zeros(int(tail_padding_s * rate), dtype=np.float32))
                 s.input_finished()
             streams.append(s)
         if streaming:
@@ -112,8 +116,9 @@ class _Job:
     """The child process's command line (``python -m asrprec.export.sherpa``)."""
 
     model_dir: str = option(help="the exported files")
-    waves: str = option(help="an .npz of 16 kHz float32 arrays")
+    waves: str = option(help="an .npz of float32 arrays")
     out: str = option(help="where the JSON of token ids goes")
+    sample_rate: int = option(SAMPLE_RATE, help="the arrays' sample rate (sherpa-onnx resamples to 16 kHz)")
     variant: Optional[str] = option(None, help="int8 or fp16: encoder.int8.onnx ...")
     streaming: bool = option(False, help="OnlineRecognizer instead of OfflineRecognizer")
     ctc: bool = option(False, help="decode the CTC export model.onnx")
@@ -127,8 +132,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     data = np.load(job.waves)
     names = list(data.files)
     ids = recognize(job.model_dir, [data[n] for n in names], streaming=job.streaming, variant=job.variant,
-                    batch=job.batch, ctc=job.ctc)
-    Path(job.out).write_text(json.dumps(dict(zip(names, ids))))
+                    batch=job.batch, ctc=job.ctc, sample_rates=job.sample_rate)
+    atomic_write_text(job.out, json.dumps(dict(zip(names, ids))))
 
 
 if __name__ == "__main__":

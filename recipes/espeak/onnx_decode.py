@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
-from asrprec.data.features import pad_with_silence
+from asrprec.data.features import at_feature_rate, pad_with_silence, report_audio_formats
 from asrprec.data.frames import FRAME_SHIFT_S
 from asrprec.export import OnnxCtcOfflineModel, OnnxCtcStreamingModel, load_onnx_model
 from asrprec.export.sherpa import recognize
@@ -65,18 +65,19 @@ def decode_split(args, model, tokenizer, cuts, data, streaming):
     results = []
     if args.runtime == "sherpa-onnx":
         cuts = list(cuts)
-        waves = [c.load_audio()[0] for c in cuts]
+        waves = [c.load_audio().mean(axis=0) for c in cuts]  # mono: other channels mixed down
         seconds = sum(c.duration for c in cuts)
+        report_audio_formats(cuts)
         with meter.measure(audio_seconds=seconds):
             hyps = recognize(args.onnx_dir, waves, streaming=streaming, variant=args.variant,
                              num_threads=args.num_threads, batch=args.batch, tail_padding_s=args.tail_padding,
-                             ctc=is_ctc(model))
+                             ctc=is_ctc(model), sample_rates=[c.sampling_rate for c in cuts])
         for cut, hyp in zip(cuts, hyps):
             results.append((cut.id, cut.supervisions[0].text.split(), tokenizer.decode(hyp).split()))
         return results, meter
     if streaming:
         # the audio a sherpa-onnx client sends, features computed from it (as sherpa-onnx does)
-        cuts = pad_with_silence(cuts, args.tail_padding)
+        cuts = pad_with_silence(at_feature_rate(cuts), args.tail_padding)
         data = AsrDataModule(DataConfig(max_duration=args.max_duration, on_the_fly_feats=True))
     for batch in data.test_dataloader(cuts):
         for i in range(0, len(batch["cut_ids"]), args.batch):

@@ -30,3 +30,14 @@ def test_an_8khz_cut_is_resampled_and_counted(tmp_path, caplog):
     assert narrow.shape == wide.shape == (100, 80)  # 10 ms frames of 1 s
     # the tone's mel bin is the same (read as 16 kHz, the 8 kHz samples would put it at 2 kHz, ~9 bins higher)
     assert np.bincount(narrow.argmax(axis=1)).argmax() == np.bincount(wide.argmax(axis=1)).argmax()
+
+
+def test_cuts_that_are_not_16khz_mono_are_counted_for_the_decoders_that_take_them_as_they_are(tmp_path, caplog):
+    from asrprec.data.features import report_audio_formats
+
+    cuts = [_tone_cut(tmp_path, "wide", 16000), _tone_cut(tmp_path, "narrow", 8000),
+            _tone_cut(tmp_path, "cd", 44100)]
+    with caplog.at_level(logging.WARNING):
+        assert report_audio_formats(cuts) == 2
+    assert "2 of 3 cuts are not 16000 Hz mono (8000 Hz x 1 channel(s), 44100 Hz x 1 channel(s); e.g. narrow)" \
+        in caplog.text

@@ -24,11 +24,13 @@ def _needs_sherpa():
     pytest.importorskip("sherpa_onnx")
 
 
-def _sherpa(model_dir, waves, tmp_path, *, streaming, variant=None, batch=2):
+def _sherpa(model_dir, waves, tmp_path, *, streaming, variant=None, batch=2, sample_rate=16000):
     """Token ids per waveform from ``python -m asrprec.export.sherpa`` (``batch`` streams per decode_streams)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     np.savez(tmp_path / "waves.npz", **{f"u{i}": w for i, w in enumerate(waves)})
     cmd = [sys.executable, "-m", "asrprec.export.sherpa", "--model-dir", str(model_dir), "--waves",
-           str(tmp_path / "waves.npz"), "--out", str(tmp_path / "out.json"), "--batch", str(batch)]
+           str(tmp_path / "waves.npz"), "--out", str(tmp_path / "out.json"), "--batch", str(batch),
+           "--sample-rate", str(sample_rate)]
     cmd += ["--streaming"] if streaming else []
     cmd += ["--variant", variant] if variant else []
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -145,3 +147,52 @@ def test_decoder_without_vocab_size_ends_the_process(exported, waves, tmp_path):
     assert run.returncode != 0
     assert "vocab_size" in run.stderr + run.stdout
     assert not (tmp_path / "out.json").exists()
+
+
+def test_each_waveform_reaches_sherpa_onnx_with_its_own_rate(exported, waves, monkeypatch):
+    """sherpa-onnx resamples to the model's 16 kHz itself when told a stream's rate (``accept_waveform(rate,
+    samples)``); onnx_decode.py told it 16 kHz for every file, and 8 kHz audio decoded at 94 % WER. A recording
+    recognizer in place of sherpa-onnx's shows the rate each stream is given, streaming tail padding included."""
+    import asrprec.export.sherpa as sherpa
+
+    given = []
+
+    class Stream:
+        def __init__(self):
+            self.result = type("R", (), {"tokens": []})()
+
+        def accept_waveform(self, rate, samples):
+            given.append((rate, len(samples)))
+
+        def input_finished(self):
+            pass
+
+    class Recognizer:
+        @classmethod
+        def from_transducer(cls, **kw):
+            assert kw["sample_rate"] == 16000  # the model's feature rate
+            return cls()
+
+        def create_stream(self):
+            return Stream()
+
+        def decode_streams(self, streams):
+            pass
+
+        def is_ready(self, s):
+            return False
+
+        def get_result_all(self, s):
+            return s.result
+
+    fake = type("sherpa_onnx", (), {"OfflineRecognizer": Recognizer, "OnlineRecognizer": Recognizer})
+    monkeypatch.setattr(sherpa, "require", lambda name: fake)
+    model_dir = exported["zipformer"].encoder.parent
+    rates = [8000, 16000, 44100]
+    sherpa.recognize(model_dir, [np.zeros(r, np.float32) for r in rates], streaming=False, sample_rates=rates)
+    assert given == [(8000, 8000), (16000, 16000), (44100, 44100)]
+    given.clear()
+    sherpa.recognize(model_dir, [np.zeros(8000, np.float32)], streaming=True, sample_rates=8000, tail_padding_s=0.5)
+    assert given == [(8000, 8000), (8000, 4000)]  # the tail's silence at the stream's rate
+    with pytest.raises(ValueError, match="2 waveforms but 3 sample rates"):
+        sherpa.recognize(model_dir, [np.zeros(1)] * 2, streaming=False, sample_rates=rates)
