@@ -347,14 +347,11 @@ class OnTheFlyFbank:
 
 def load_fbank_cuts(data_dir: Path | str, *, prefix: str = "espeak", splits: tuple[str, ...] = ("train", "dev", "test")) -> dict:
     """The CutSets with features written by :func:`compute_corpus_fbank`: ``{split: CutSet}`` (eager)."""
-    lhotse = require("lhotse")
-    out = {}
-    for split in splits:
-        path = Path(data_dir) / f"{prefix}_cuts_{split}_fbank.jsonl.gz"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing; fix: run the data preparation first (e.g. python recipes/espeak/prepare.py)")
-        out[split] = lhotse.CutSet.from_file(path).to_eager()
-    return out
+    from .manifests import load_cuts
+
+    hint = "run the data preparation first (e.g. python recipes/espeak/prepare.py)"
+    return {split: load_cuts(Path(data_dir) / f"{prefix}_cuts_{split}_fbank.jsonl.gz", lazy=False, hint=hint)
+            for split in splits}
 
 
 def _pad_cut(cut: Any, seconds: float) -> Any:

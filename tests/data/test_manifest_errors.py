@@ -52,3 +52,14 @@ def test_a_good_manifest_loads_every_cut(tmp_path):
         f.write(b"".join(_cut_line(i) for i in range(3)))
     assert [c.id for c in load_cuts(path)] == ["c0", "c1", "c2"]
     assert [c.supervisions[0].text for c in load_cuts(path, lazy=False)] == ["HELLO"] * 3
+
+
+def test_an_empty_split_of_a_prepared_folder_is_named(tmp_path):
+    from asrprec.data import load_fbank_cuts
+
+    for split in ("dev", "test"):
+        with gzip.open(tmp_path / f"espeak_cuts_{split}_fbank.jsonl.gz", "wb") as f:
+            f.write(_cut_line(0) if split == "dev" else b"")
+    assert [c.id for c in load_fbank_cuts(tmp_path, splits=("dev",))["dev"]] == ["c0"]
+    with pytest.raises(ManifestError, match=r"espeak_cuts_test_fbank.jsonl.gz holds no cuts; fix: run the data "):
+        load_fbank_cuts(tmp_path, splits=("dev", "test"))
