@@ -345,6 +345,20 @@ def _without_invocation(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def _repair_record(path: Path, config: dict[str, Any]) -> None:
+    """Rewrite the run's ``config.json`` from ``config`` when it is missing or unreadable (cut short by a full disk or
+    an editor), with a warning: a resume must not carry a corrupt record on."""
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+        return
+    except FileNotFoundError:
+        why = "missing"
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        why = f"unreadable ({type(e).__name__}: {str(e)[:80]})"
+    log.warning("%s was %s; rewritten from the resumed run's configuration", path, why)
+    atomic_write_text(path, json.dumps(_jsonable(config), indent=1))
+
+
 def record_run_start(exp_dir: str | os.PathLike, *, model_config: dict[str, Any] | None, config: dict[str, Any],
                      precision: dict[str, Any], resume: dict[str, Any] | None, rank: int = 0) -> None:
     """Record that a run started (``config.json``, ``model.json``, a ``start`` event) or resumed (``model.json``
@@ -360,6 +374,7 @@ def record_run_start(exp_dir: str | os.PathLike, *, model_config: dict[str, Any]
         append_history(exp_dir, {"event": "start", **event})
         return
     record_model_config(exp_dir, model_config)
+    _repair_record(exp_dir / CONFIG_NAME, config)
     changed = _differences(_without_invocation(resume.pop("config", {}) or {}), _without_invocation(config))
     append_history(exp_dir, {"event": "resume", **resume, **event, "changed": changed})
     if changed:

@@ -63,3 +63,20 @@ def test_the_loss_that_trains_may_change(tmp_path):
     tdt = tmp_path / "tdt"
     record_model_config(tdt, _config(loss="tdt", tdt_sigma=0.05))
     check_model_config(tdt, _config(loss="tdt", tdt_sigma=0.02))  # TDT's sigma shapes training only
+
+
+def test_a_truncated_config_json_is_rewritten_on_resume_with_a_warning(tmp_path, caplog):
+    import json
+    import logging
+
+    from asrprec.experiment import record_run_start
+
+    config = {"train": {"base_lr": 0.045, "num_epochs": 10}, "model": {"encoder": "zipformer"}}
+    record_run_start(tmp_path, model_config=None, config=config, precision={"name": "fp32"}, resume=None)
+    text = (tmp_path / "config.json").read_text()
+    (tmp_path / "config.json").write_text(text[: len(text) // 2])  # cut short
+    with caplog.at_level(logging.WARNING):
+        record_run_start(tmp_path, model_config=None, config=config, precision={"name": "fp32"},
+                         resume={"checkpoint": str(tmp_path / "epoch-1.pt"), "config": config})
+    assert json.loads((tmp_path / "config.json").read_text()) == config
+    assert "config.json was unreadable (JSONDecodeError" in caplog.text and "rewritten" in caplog.text
