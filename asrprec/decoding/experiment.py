@@ -77,7 +77,7 @@ class DecodeConfig(WeightsOptions, CompileOptions):
     def search(self) -> DecodingOptions:
         """The search options of :func:`asrprec.decoding.decode_dataset`."""
         return DecodingOptions(method=self.decoding_method, beam=self.beam_size,
-                               max_sym_per_frame=self.max_sym_per_frame)
+                               max_sym_per_frame=self.max_sym_per_frame, greedy_method=self.greedy_method)
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
     ..., ...}}`` and prints one line per split.
     """
     from asrprec.data import check_cuts
-    from asrprec.decoding import LabelLoopingGreedy, decode_dataset
+    from asrprec.decoding import decode_dataset
     from asrprec.metrics import write_error_stats, write_recogs
 
     exp_dir = Path(exp_dir)
@@ -225,14 +225,6 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
     fusion = cfg.fusion(tokenizer)
     if fusion is not None:
         fusion.to(setup.policy.device)
-    search = None  # label looping keeps its preallocated state (and CUDA graphs) across batches
-    if cfg.decoding_method == "greedy_search" and cfg.greedy_method == "label_looping" and setup.streaming is None:
-        from asrprec.decoding.tdt import is_tdt
-        from asrprec.decoding.tdt_label_looping import TdtLabelLoopingGreedy
-
-        looping = TdtLabelLoopingGreedy if is_tdt(setup.model) else LabelLoopingGreedy
-        if not (fusion is not None and is_tdt(setup.model)):  # TDT fusion: the frame-looping TDT greedy search
-            search = looping(setup.model, cfg.max_sym_per_frame)
     summary = {}
     for split, split_cuts in cuts.items():
         split_cuts, report = check_cuts(split_cuts, split=split, mode=cfg.validate_data,
@@ -240,7 +232,7 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
         if fusion is not None:  # each cut's own phrases
             fusion.with_cut_phrases(split_cuts, tokenizer, cfg.hotwords_field)
         results, stats = decode_dataset(setup.model, make_loader(split_cuts), tokenizer, options, setup.policy.device,
-                                        streaming=setup.streaming, search=search,
+                                        streaming=setup.streaming,
                                         whole_chunks_only=bool(cfg.tail_padding), fusion=fusion)
         write_recogs(exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
