@@ -13,6 +13,7 @@ What to decode is one :class:`DecodeConfig` (the ``decode`` section of a recipe'
 from __future__ import annotations
 
 import json
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -28,11 +29,12 @@ from asrprec.models.weights import WeightsOptions
 from asrprec.precision import PrecisionOptions
 
 from .api import METHODS, DecodingOptions
+from .longform import LongFormOptions
 from .label_looping import DEFAULT_GREEDY_METHOD, GREEDY_METHODS
 
 
 @dataclass
-class DecodeConfig(WeightsOptions, CompileOptions):
+class DecodeConfig(WeightsOptions, CompileOptions, LongFormOptions):
     """Which weights of an experiment to decode (:class:`~asrprec.models.weights.WeightsOptions`, shared with export), with
     which search; compiled or not (:class:`~asrprec.models.compile.CompileOptions`, shared with training). The
     ``decode`` section of a decode.py config."""
@@ -56,6 +58,7 @@ class DecodeConfig(WeightsOptions, CompileOptions):
     hotwords: str = option("", metavar="FILE", help="phrases to boost, one a line")
     hotword_score: float = option(0.0, help="bonus per token of a matched phrase")
     hotwords_field: str = option("hotwords", help="the cut's custom field holding its own phrases")
+    long_form: bool = option(False, help="decode each cut whole, however long, in overlapping chunks from its audio")
 
     def fusion(self, tokenizer) -> Any:
         """The :class:`asrprec.decoding.fusion.Fusion` these flags name, or None without --lm, --lodr, --hotwords
@@ -71,8 +74,16 @@ class DecodeConfig(WeightsOptions, CompileOptions):
     def __post_init__(self) -> None:
         WeightsOptions.__post_init__(self)
         CompileOptions.__post_init__(self)
+        LongFormOptions.__post_init__(self)
         if self.tail_padding and not self.streaming:
             raise ValueError("--tail-padding applies to --streaming decoding (it ends each live stream with silence)")
+        if self.long_form and (self.streaming or self.lm or self.lodr or self.hotwords or self.hotword_score):
+            raise ValueError("--long-form decodes whole chunks without an LM or hot phrases; fix: leave out "
+                             "--streaming, --lm, --lodr and --hotwords, or decode without --long-form")
+
+    def long_form_options(self) -> LongFormOptions:
+        """The chunking of ``--long-form`` (:mod:`asrprec.decoding.longform`)."""
+        return LongFormOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LongFormOptions)})
 
     def search(self) -> DecodingOptions:
         """The search options of :func:`asrprec.decoding.decode_dataset`."""
@@ -109,7 +120,7 @@ DECODE_FLAGS: tuple[str, ...] = (
     "decode.allow_nonfinite", "decode.validate_data", "decode.decoding_method", "decode.beam_size",
     "decode.max_sym_per_frame", "decode.chunk_size", "decode.left_context_frames", "decode.streaming",
     "decode.compile", "decode.tail_padding", "decode.lm", "decode.lm_scale", "decode.lodr", "decode.lodr_scale",
-    "decode.hotwords", "decode.hotword_score", "precision.precision", "precision.device",
+    "decode.hotwords", "decode.hotword_score", "decode.long_form", "precision.precision", "precision.device",
 )
 #: decoding's default over CompileOptions': a static graph first (a test set has few shapes per bucket)
 DECODE_DEFAULTS = {"decode": {"compile_dynamic": "auto"}}
@@ -144,6 +155,8 @@ def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> st
         tag += f"-{streaming_tag}"
     if cfg.tail_padding:
         tag += f"-tail-{cfg.tail_padding:g}s"
+    if cfg.long_form:
+        tag += f"-long-{cfg.chunk_seconds:g}s-{cfg.overlap_seconds:g}s"
     return tag
 
 
@@ -217,6 +230,8 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
     """
     from asrprec.data import check_cuts
     from asrprec.decoding import decode_dataset
+    from asrprec.decoding.longform import decode_long_cuts
+    from asrprec.decoding.timestamps import CtmCollector, ctm_path, write_ctm
     from asrprec.metrics import write_error_stats, write_recogs
 
     exp_dir = Path(exp_dir)
@@ -231,9 +246,17 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
                                         min_frames=setup.min_input_frames, require_transcript=False)
         if fusion is not None:  # each cut's own phrases
             fusion.with_cut_phrases(split_cuts, tokenizer, cfg.hotwords_field)
-        results, stats = decode_dataset(setup.model, make_loader(split_cuts), tokenizer, options, setup.policy.device,
-                                        streaming=setup.streaming,
-                                        whole_chunks_only=bool(cfg.tail_padding), fusion=fusion)
+        if cfg.long_form:  # from the audio, chunk by chunk: memory bounded whatever a cut's length
+            results, words, stats = decode_long_cuts(setup.model, split_cuts, tokenizer, cfg.long_form_options(),
+                                                     options)
+            write_ctm(ctm_path(exp_dir, split, tag), words)
+            stats["unreadable_cuts"] = 0
+        else:
+            ctm = CtmCollector(tokenizer.id_to_piece, {c.id: c.duration for c in split_cuts})
+            results, stats = decode_dataset(setup.model, make_loader(split_cuts), tokenizer, options,
+                                            setup.policy.device, streaming=setup.streaming,
+                                            whole_chunks_only=bool(cfg.tail_padding), fusion=fusion, on_results=ctm)
+            ctm.write(ctm_path(exp_dir, split, tag))  # word times beside the recogs (NIST CTM)
         write_recogs(exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         left_out = report.dropped + stats["unreadable_cuts"]

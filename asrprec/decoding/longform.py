@@ -36,7 +36,7 @@ __all__ = ["Chunk", "LongFormOptions", "decode_long", "decode_long_cuts", "plan_
 SAMPLE_RATE = 16000
 
 
-@dataclass(frozen=True)
+@dataclass
 class LongFormOptions:
     """How a long recording is cut into chunks (module docstring)."""
 
@@ -93,10 +93,12 @@ class _Features:
 
     def __init__(self, source: Any):
         self.tensor = source if isinstance(source, torch.Tensor) else None
+        if self.tensor is None and not getattr(source, "has_recording", True) and getattr(source, "has_features", False):
+            self.tensor = torch.from_numpy(source.load_features())  # a cut with features and no audio
         if self.tensor is not None:
-            if source.dim() != 2:
-                raise ValueError(f"features must be (T, F), got shape {tuple(source.shape)}")
-            self.num_frames = source.size(0)
+            if self.tensor.dim() != 2:
+                raise ValueError(f"features must be (T, F), got shape {tuple(self.tensor.shape)}")
+            self.num_frames = self.tensor.size(0)
             return
         if not hasattr(source, "load_audio") or not hasattr(source, "duration"):
             raise TypeError(f"decode_long takes (T, F) features or a lhotse Cut / Recording, got {type(source)}")
