@@ -180,11 +180,46 @@ def plot_bf16_updates(data: dict, out: Path) -> Path:
     return _save(plt, fig, out / "bf16_updates.png", data["bf16_updates"]["source"], bottom=0.05)
 
 
+def plot_word_times(data: dict, out: Path) -> Path:
+    plt = _pyplot()
+    seeds = data["word_times"]["seeds"]
+    methods = list(dict.fromkeys(r["method"] for rows in seeds.values() for r in rows))
+    fig, axes = plt.subplots(1, len(seeds), figsize=(5.5 * len(seeds), 4), squeeze=False)
+    measures = (("start_mean_ms", "|start| mean"), ("start_p90_ms", "|start| p90"), ("end_mean_ms", "|end| mean"),
+                ("end_p90_ms", "|end| p90"))
+    for ax, (seed, rows) in zip(axes[0], sorted(seeds.items())):
+        by = {r["method"]: r for r in rows}
+        for j, (key, label) in enumerate(measures):
+            ax.bar([i + 0.2 * (j - 1.5) for i in range(len(methods))], [by[m][key] for m in methods], 0.2, label=label)
+        ax.set_xticks(range(len(methods)), methods, fontsize=8)
+        ax.set_ylabel("error against the true word boundary (ms)")
+        ax.set_title(f"corpus seed {seed}", fontsize=9)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, out / "word_times.png", data["word_times"]["source"], bottom=0.06)
+
+
+def plot_long_form(data: dict, out: Path) -> Path:
+    plt = _pyplot()
+    rows = data["long_form"]["rows"]
+    fig, (ax_m, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
+    for chunk in dict.fromkeys(r["chunk"] for r in rows):
+        mine = sorted((r for r in rows if r["chunk"] == chunk), key=lambda r: r["minutes"])
+        minutes = [r["minutes"] for r in mine]
+        ax_m.plot(minutes, [r["rss_peak_mb"] - r["rss_base_mb"] for r in mine], marker="o", label=chunk)
+        ax_r.plot(minutes, [r["duration_s"] / r["wall_s"] for r in mine], marker="o", label=chunk)
+    for ax, label in ((ax_m, "peak RSS above the loaded model (MB)"), (ax_r, "RTFx")):
+        ax.set_xscale("log")
+        ax.set_xlabel("recording length (minutes)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, out / "long_form.png", data["long_form"]["source"], bottom=0.06)
+
+
 def render_all(results: Path, out: Path) -> list[Path]:
     data = json.loads(Path(results).read_text())
     out.mkdir(parents=True, exist_ok=True)
     return [plot_loss_backends(data, out), plot_memory(data, out), plot_recipe(data, out),
-            plot_bf16_updates(data, out)]
+            plot_bf16_updates(data, out), plot_word_times(data, out), plot_long_form(data, out)]
 
 
 def main() -> None:
