@@ -217,11 +217,15 @@ def tdt_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
 class TdtHypothesis:
     """One partial label sequence of :func:`tdt_modified_beam_search`, waiting at ``frame``.
 
+    Merged duplicates keep the frames and durations of the more probable one.
+
     Attributes:
-        tokens: emitted token ids (no blank, no start context). log_prob: log-probability over the alignments merged
-        into it (fp32 log-softmax values summed in float64). timestamps: the frame of each token. frame: the frame
-        it is to be expanded at. sym: tokens it emitted on ``frame`` so far. durations: each token's duration (of its
-        chosen (token, duration) pair). Merged duplicates keep the frames and durations of the more probable.
+        tokens: emitted token ids (no blank, no start context).
+        log_prob: log-probability over the alignments merged into it (fp32 log-softmax values summed in float64).
+        timestamps: the frame of each token.
+        frame: the frame it is to be expanded at.
+        sym: tokens it emitted on ``frame`` so far.
+        durations: each token's duration, that of its chosen token-and-duration pair.
     """
 
     tokens: tuple[int, ...] = ()
