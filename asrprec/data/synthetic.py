@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from asrprec._optional import require
+from asrprec.atomic import atomic_path, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -369,9 +370,9 @@ def _write_manifests(plan: list[dict[str, Any]], num_samples: dict[str, int], ou
         cuts = lhotse.CutSet.from_manifests(recordings=recordings, supervisions=supervisions)
         cuts = cuts.modify_ids(lambda cut_id: cut_id.rsplit("-", 1)[0])  # lhotse appends "-0": keep the utterance id
         paths = manifest_paths(out_dir, split)
-        recordings.to_file(paths["recordings"])
-        supervisions.to_file(paths["supervisions"])
-        cuts.to_file(paths["cuts"])
+        for manifest, key in ((recordings, "recordings"), (supervisions, "supervisions"), (cuts, "cuts")):
+            with atomic_path(paths[key]) as tmp:
+                manifest.to_file(tmp)
         result[split] = cuts
     return result
 
@@ -443,7 +444,7 @@ def generate_corpus(
     words: dict[str, list] = {}
     num_samples = _synthesize_all(plan, audio_dir, cfg.shard_size, num_workers, words)
     cuts = _write_manifests(plan, num_samples, out_dir, audio_dir, words)
-    marker.write_text(json.dumps(cfg.to_json(), indent=1, sort_keys=True))
+    atomic_write_text(marker, json.dumps(cfg.to_json(), indent=1, sort_keys=True))
     hours = sum(num_samples.values()) / SAMPLE_RATE / 3600
     log.info(
         "generated %d utterances (%.2f h of audio) in %s in %.1f s with %d workers",

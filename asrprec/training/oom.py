@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from asrprec.atomic import atomic_write
 from asrprec.errors import AsrprecError
 from asrprec.models import set_batch_count, unwrap_model
 from asrprec.precision import PrecisionPolicy
@@ -88,7 +89,7 @@ def save_batch(batch: dict[str, Any], path: str | Path) -> Path:
     """Save a batch (features, lengths, texts, cut ids) so the failure can be reproduced."""
     path = Path(path)
     keep = {k: v for k, v in batch.items() if k in ("features", "feature_lens", "texts", "cut_ids")}
-    torch.save(keep, path)
+    atomic_write(path, lambda f: torch.save(keep, f))
     return path
 
 
