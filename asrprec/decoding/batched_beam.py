@@ -108,6 +108,15 @@ class BeamState:
         return {f.name: getattr(self, f.name).data_ptr() for f in fields(self)}
 
 
+def _version(t: torch.Tensor) -> int:
+    """``t``'s in-place version counter; -1 for an inference tensor (made under ``torch.inference_mode``, e.g. weights
+    loaded there), which keeps none: its storage address alone then stands for the weights."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 class MalsdBeamSearch:
     """``malsd_batch`` bound to one model, keeping its state (and CUDA graph) between calls.
 
@@ -292,7 +301,7 @@ class MalsdBeamSearch:
             self._cache = self._known = None
             return
         # the eager decoder cache, kept between calls while the weights and the compute dtype stay the same
-        weights = (self._key, tuple((p.data_ptr(), p._version) for p in self._params))
+        weights = (self._key, tuple((p.data_ptr(), _version(p)) for p in self._params))
         if self._cache is None or weights != self._weights:
             self._cache = s.dec.new_empty(self.V ** self.C, s.dec.shape[-1])
             self._known = torch.zeros(self.V ** self.C, dtype=torch.bool, device=self.device)

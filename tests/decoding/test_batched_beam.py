@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from asrprec.decoding import (
-    DecodingOptions, decode_encoder_out, greedy_search, malsd_beam_search, tdt_greedy_search,
+    DecodingOptions, decode_encoder_out, greedy_search, malsd_beam_search, modified_beam_search, tdt_greedy_search,
 )
 from asrprec.decoding.batched_beam import MalsdBeamSearch
 from asrprec.decoding.fusion import Fusion
@@ -222,3 +222,18 @@ def test_one_search_over_many_batches(kit):
     assert want[0] != before  # kept outputs of the old weights would decode differently
     got = eager(enc, enc_lens, return_scores=True)
     assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=1e-5)
+
+
+def test_a_model_built_under_inference_mode_decodes(kit):
+    """decode.py builds and loads its model under torch.inference_mode, whose tensors keep no version counter; the
+    search's decoder cache must still work, and give what the same weights give outside it."""
+    want_model = kit.make_model(5)
+    feats, lens = kit.make_batch(5, LENS)
+    with torch.no_grad():
+        want = modified_beam_search(want_model, *want_model.encode(feats, lens), beam=4)
+    with torch.inference_mode():
+        model = kit.make_model(5)
+        model.load_state_dict(want_model.state_dict())
+        enc, enc_lens = model.encode(feats, lens)
+        assert malsd_beam_search(model, enc, enc_lens, 4, 1) == want
+        assert malsd_beam_search(model, enc, enc_lens, 4, 1) == want  # the second call reuses the cache

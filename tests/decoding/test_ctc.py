@@ -294,9 +294,12 @@ def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid
     feats, lens = torch.randn(2, 80, 80, generator=g), torch.tensor([80, 55])
     batch = {"features": feats, "feature_lens": lens, "texts": ["a b", "c"], "cut_ids": ["u0", "u1"]}
 
-    class Words:
+    class Words:  # each token a word
         def decode(self, ids):
             return " ".join(f"w{i}" for i in ids)
+
+        def id_to_piece(self, i):
+            return f"\u2581w{i}"
 
     cl = decoding_command_line()
     for method in METHODS:
@@ -308,6 +311,9 @@ def test_hybrid_checkpoint_decodes_every_method_from_its_folder(tmp_path, hybrid
         assert (tmp_path / f"recogs-test-{setup.tag}.txt").is_file()
         assert (tmp_path / f"errs-test-{setup.tag}.txt").is_file()
         assert (tmp_path / f"wer-summary-{setup.tag}.json").is_file()
+        hyps = {cut: hyp for cut, (_, hyp) in read_recogs(tmp_path / f"recogs-test-{setup.tag}.txt").items()}
+        ctm = (tmp_path / f"ctm-test-{setup.tag}.txt").read_text().split("\n")
+        assert sorted(line.split()[-1] for line in ctm if line) == sorted(w for h in hyps.values() for w in h)
         assert setup.tag.startswith(method)
     assert "beam-4" in (tmp_path / "wer-summary-ctc_prefix_beam_search-epoch-1-avg-1-fp32-beam-4.json").name
     recogs = read_recogs(tmp_path / "recogs-test-ctc_greedy_search-epoch-1-avg-1-fp32.txt")
