@@ -111,3 +111,18 @@ def model_device(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
+
+
+def graph_mode(device: torch.device, use_cuda_graphs: bool | None, static_shapes: bool | None) -> tuple[bool, bool]:
+    """``(use_cuda_graphs, static_shapes)`` of a search's arguments: graphs on CUDA by default, static shapes with
+    graphs by default; a ValueError names the fix for graphs off CUDA or graphs without static shapes."""
+    if use_cuda_graphs and device.type != "cuda":
+        raise ValueError(
+            f"use_cuda_graphs=True needs a model on a CUDA device, but it is on {device}. "
+            "Fix: move the model to CUDA, or pass use_cuda_graphs=None (capture only on CUDA)."
+        )
+    graphs = device.type == "cuda" if use_cuda_graphs is None else bool(use_cuda_graphs)
+    static = graphs if static_shapes is None else bool(static_shapes)
+    if graphs and not static:
+        raise ValueError("CUDA graphs need static_shapes=True (or None)")
+    return graphs, static

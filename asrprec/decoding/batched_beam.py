@@ -54,7 +54,7 @@ from torch import nn
 
 from asrprec.precision.islands import autocast_dtype, autocast_without_cache
 
-from ._common import log_softmax_fp32, model_device, sort_and_project
+from ._common import graph_mode, log_softmax_fp32, model_device, sort_and_project
 from .batched_beam_cpu import advance_kernel
 from .fusion import BatchFusion
 from .hypothesis import DecodingResult, results_of
@@ -145,15 +145,7 @@ class MalsdBeamSearch:
             raise ValueError(f"max_sym_per_frame must be an integer >= 1, got {max_sym_per_frame!r}")
         self.model, self.K, self.S, self.length_norm = model, beam, max_sym_per_frame, length_norm
         self.device = model_device(model)
-        if use_cuda_graphs and self.device.type != "cuda":
-            raise ValueError(
-                f"use_cuda_graphs=True needs a model on a CUDA device, but it is on {self.device}. "
-                "Fix: move the model to CUDA, or pass use_cuda_graphs=None (capture only on CUDA)."
-            )
-        self.use_cuda_graphs = self.device.type == "cuda" if use_cuda_graphs is None else bool(use_cuda_graphs)
-        self._static = self.use_cuda_graphs if static_shapes is None else bool(static_shapes)
-        if self.use_cuda_graphs and not self._static:
-            raise ValueError("CUDA graphs need static_shapes=True (or None)")
+        self.use_cuda_graphs, self._static = graph_mode(self.device, use_cuda_graphs, static_shapes)
         self._required = bool(use_cuda_graphs)
         self.blank, self.C, self.V = model.blank_id, model.context_size, model.vocab_size
         i64 = dict(dtype=torch.int64, device=self.device)

@@ -38,7 +38,7 @@ from torch import nn
 
 from asrprec.precision.islands import autocast_dtype, autocast_without_cache
 
-from ._common import model_device, sort_and_project
+from ._common import graph_mode, model_device, sort_and_project
 from .fusion import BatchFusion, fused_greedy_tokens
 from .hypothesis import DecodingResult, results_of
 
@@ -121,15 +121,7 @@ class LabelLoopingGreedy:
         self.max_sym = max_sym_per_frame
         self.blank = model.blank_id
         self.device = model_device(model)
-        if use_cuda_graphs and self.device.type != "cuda":
-            raise ValueError(
-                f"use_cuda_graphs=True needs a model on a CUDA device, but it is on {self.device}. "
-                "Fix: move the model to CUDA, or pass use_cuda_graphs=None (capture only on CUDA)."
-            )
-        self.use_cuda_graphs = self.device.type == "cuda" if use_cuda_graphs is None else bool(use_cuda_graphs)
-        self._static = self.use_cuda_graphs if static_shapes is None else bool(static_shapes)
-        if self.use_cuda_graphs and not self._static:
-            raise ValueError("CUDA graphs need static_shapes=True (or None)")
+        self.use_cuda_graphs, self._static = graph_mode(self.device, use_cuda_graphs, static_shapes)
         self._required = bool(use_cuda_graphs)
         self.state: LoopState | None = None
         self._graphs: tuple | None = None
