@@ -36,7 +36,7 @@ def test_train_help_lists_the_four_policies():
 def test_recipe_smoke(tmp_path, precision, recogs_wer):
     data, exp = tmp_path / "data", tmp_path / "exp"
     run(RECIPE / "prepare.py", "--data-dir", data, "--num-train", 40, "--num-dev", 8, "--num-test", 8,
-        "--vocab-size", 40)
+        "--num-test-fast", 4, "--vocab-size", 40)
     assert (data / "bpe.model").is_file()
     # the Conformer here (the model.json check below is written for its preset); the default Zipformer runs in the
     # slow test below and in run.sh
@@ -66,10 +66,14 @@ def test_recipe_smoke(tmp_path, precision, recogs_wer):
     assert stored["encoder_dim"] == CONFORMER_PRESETS["tiny"].encoder_dim
     log = (exp / "train.log").read_text()
     assert "precision: policy=bf16" in log and "optimizer_update=fp32 master weights" in log
-    for method in ("greedy_search", "modified_beam_search"):
-        out = run(RECIPE / "decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--avg", 2,
-                  "--precision", precision, "--decoding-method", method, "--splits", "test")
-        assert "test: WER" in out
+    # two searches in one run: the model is loaded once, each writes its own files, and a table ends the output
+    out = run(RECIPE / "decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--avg", 2,
+              "--precision", precision, "--decoding-method", "greedy_search", "modified_beam_search",
+              "--splits", "test", "test-fast")
+    assert out.count("weights: ") == 1 and out.count("test: WER") == 2 and out.count("test-fast: WER") == 2
+    table = out[out.index("| WER % | test | test-fast |"):].splitlines()
+    assert table[2].startswith(f"| greedy_search-epoch-2-avg-2-{precision} | ")
+    assert table[3].startswith(f"| modified_beam_search-epoch-2-avg-2-{precision}-beam-4 | ")
     out = run(RECIPE / "decode.py", "--data-dir", data, "--exp-dir", exp, "--epoch", 2, "--avg", 1,
               "--precision", precision, "--use-averaged-model", "--splits", "test")
     assert "weights: running average from epoch-1.pt to epoch-2.pt" in out and "test: WER" in out
@@ -77,8 +81,10 @@ def test_recipe_smoke(tmp_path, precision, recogs_wer):
     assert len(summaries) == 3
     for s in summaries:  # a 4-batch model is not expected to be accurate; its reported WER must be right
         tag = s.name[len("wer-summary-"):-len(".json")]
-        wer = json.loads(s.read_text())["test"]["wer"]
-        assert wer == pytest.approx(recogs_wer(exp / f"recogs-test-{tag}.txt"), abs=1e-9)
+        for split, summary in json.loads(s.read_text()).items():
+            assert summary["wer"] == pytest.approx(recogs_wer(exp / f"recogs-{split}-{tag}.txt"), abs=1e-9)
+            if tag in table[2] + table[3]:  # the table shows what the files hold
+                assert f"{summary['wer']:.2f}" in next(row for row in table if f"| {tag} |" in row)
     assert list(exp.glob("errs-test-greedy_search-*.txt")) and list(exp.glob("recogs-test-*.txt"))
 
 
@@ -88,7 +94,7 @@ def test_causal_zipformer_streams(tmp_path):
     equality of the two, with tokens emitted, is tests/decoding/test_streaming.py.)"""
     data, exp = tmp_path / "data", tmp_path / "exp"
     run(RECIPE / "prepare.py", "--data-dir", data, "--num-train", 24, "--num-dev", 4, "--num-test", 8,
-        "--vocab-size", 40)
+        "--num-test-fast", 0, "--vocab-size", 40)
     run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--num-epochs", 1,
         "--train.max_batches_per_epoch", 2, "--max-duration", 20, "--train.progress_bar", "false",
         "--encoder", "zipformer", "--causal")

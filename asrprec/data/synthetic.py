@@ -1,12 +1,20 @@
 """A synthetic English speech corpus spoken by espeak-ng, written as lhotse manifests.
 
 The task: spoken digit strings ("THREE ONE FOUR") and short sentences from a fixed grammar
-("THE SMALL DOG FINDS A GREEN BOX NOW"); 48 words, 0.6–3.5 s per utterance (median 1.7 s). Learnable by a tiny
-transducer in minutes on a CPU, yet not trivial: speakers (voices) of dev and test are never heard
-in training, and voices differ by accent, variant, pitch, range and rate.
+("THE SMALL DOG FINDS A GREEN BOX NOW"); 48 words, 0.5–4 s per utterance (median 1.7 s). Learnable by a tiny
+transducer in minutes on a CPU, yet not trivial: speakers of dev and test are never heard in training, and
+speakers differ by accent, variant, vocal-tract length, pitch, range and rate.
 
-* Speakers: one per espeak voice ``<accent>+<variant>`` (8 English accents × 31 variants), each
-  with its own base pitch, pitch range and speaking rate; split disjointly into train/dev/test.
+* Speakers: each split draws its own espeak voices ``<accent>+<variant>`` (8 English accents × 31 variants,
+  disjoint between splits) and gives each one a vocal-tract scale, base pitch, pitch range and speaking rate,
+  all drawn from the seed. The vocal-tract scale α (``vtl_range``) plays espeak's 22,050 Hz output as if it
+  had been recorded at 22,050·α Hz, which moves every formant and the pitch by α (the warp behind VTLP and
+  speed perturbation); espeak is asked for the rate divided by α, so the heard rate is the planned one. So a
+  new seed brings speakers no earlier seed had, even on a voice it shares.
+* Rates (words per minute as heard): train, dev and test speakers draw a base rate from ``rate_wpm``; the
+  ``test-fast`` split's speakers (voices of their own) draw theirs from ``fast_rate_wpm``, so that every one
+  of its utterances is faster than any other split's (checked by :class:`CorpusConfig`). Each utterance then
+  varies its speaker's rate by ``rate_jitter``.
 * Audio: espeak's 22,050 Hz resampled to 16 kHz (:mod:`asrprec.data.resample`), levelled to a
   random loudness, optionally reverberated (synthetic exponential RIR) and noised at an SNR
   (:mod:`asrprec.data.augment`); written as 16-bit FLAC.
@@ -47,12 +55,14 @@ import numpy as np
 
 from asrprec._optional import require
 from asrprec.atomic import atomic_path, atomic_write_text
+from asrprec.data.espeak import ESPEAK_SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
-SPLITS = ("train", "dev", "test")
-CORPUS_VERSION = 1  # bump when the generator changes what a given config produces
+SPLITS = ("train", "dev", "test", "test-fast")
+CORPUS_VERSION = 2  # bump when the generator changes what a given config produces
+VTL_STEP_HZ = 50  # the vocal-tract warp is quantised to 50 Hz steps of the source rate (a short polyphase filter)
 
 DIGITS = ("ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE")
 # The sentence grammar avoids homophones of the digit words (to/too/for/won/ate) and of each other.
@@ -79,13 +89,18 @@ class CorpusConfig:
     num_train: int = 2500
     num_dev: int = 200
     num_test: int = 200
+    num_test_fast: int = 0
     seed: int = 0
     num_dev_speakers: int = 20
     num_test_speakers: int = 20
+    num_test_fast_speakers: int = 20
     digit_prob: float = 0.5  # share of digit strings; the rest are sentences
     min_digits: int = 3
     max_digits: int = 7
-    rate_wpm: tuple[int, int] = (140, 210)  # speaker base speaking rate range
+    rate_wpm: tuple[int, int] = (120, 250)  # base speaking rate range of train, dev and test speakers
+    fast_rate_wpm: tuple[int, int] = (310, 350)  # the test-fast speakers' base rate range
+    rate_jitter: float = 0.1  # each utterance's rate: its speaker's times U(1 - jitter, 1 + jitter)
+    vtl_range: tuple[float, float] = (0.88, 1.12)  # speaker vocal-tract scale α (module doc)
     snr_db: tuple[float, float] | None = None  # additive noise SNR range, None = clean
     noise_prob: float = 1.0  # with snr_db set: share of utterances that get noise
     reverb_prob: float = 0.0
@@ -94,17 +109,33 @@ class CorpusConfig:
     version: int = CORPUS_VERSION
 
     def __post_init__(self) -> None:
-        for name in ("num_train", "num_dev", "num_test"):
+        for name in ("num_train", "num_dev", "num_test", "num_test_fast"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {self.shard_size}")
         n_voices = len(ACCENTS) * len(VARIANTS)
-        if self.num_dev_speakers < 1 or self.num_test_speakers < 1 or self.num_dev_speakers + self.num_test_speakers >= n_voices:
+        held_out = self.num_dev_speakers + self.num_test_speakers + self.num_test_fast_speakers
+        if min(self.num_dev_speakers, self.num_test_speakers, self.num_test_fast_speakers) < 1 or held_out >= n_voices:
             raise ValueError(
-                f"num_dev_speakers + num_test_speakers must be between 2 and {n_voices - 1} (there are {n_voices} voices), "
-                f"got {self.num_dev_speakers} + {self.num_test_speakers}"
+                f"num_dev_speakers + num_test_speakers + num_test_fast_speakers must each be >= 1 and sum to less than "
+                f"{n_voices} (there are {n_voices} voices), got {self.num_dev_speakers} + {self.num_test_speakers} + "
+                f"{self.num_test_fast_speakers}"
             )
+        if not 0.0 <= self.rate_jitter < 1.0:
+            raise ValueError(f"rate_jitter must be in [0, 1), got {self.rate_jitter}")
+        for name in ("rate_wpm", "fast_rate_wpm"):
+            low, high = getattr(self, name)
+            if not 80 <= low <= high:
+                raise ValueError(f"{name} must be a (low, high) pair with 80 <= low <= high (espeak's slowest is 80), "
+                                 f"got {getattr(self, name)}")
+        if self.fast_rate_wpm[0] * (1 - self.rate_jitter) <= self.rate_wpm[1] * (1 + self.rate_jitter):
+            raise ValueError(
+                f"test-fast must be faster than every other utterance: fast_rate_wpm[0] x (1 - rate_jitter) = "
+                f"{self.fast_rate_wpm[0] * (1 - self.rate_jitter):g} is not above rate_wpm[1] x (1 + rate_jitter) = "
+                f"{self.rate_wpm[1] * (1 + self.rate_jitter):g}; raise fast_rate_wpm or lower rate_wpm / rate_jitter")
+        if not 0.5 <= self.vtl_range[0] <= self.vtl_range[1] <= 2.0:
+            raise ValueError(f"vtl_range must be a (low, high) pair within [0.5, 2], got {self.vtl_range}")
         if self.snr_db is not None and (len(self.snr_db) != 2 or self.snr_db[0] > self.snr_db[1]):
             raise ValueError(f"snr_db must be None or a (low, high) pair with low <= high, got {self.snr_db}")
         for name in ("digit_prob", "noise_prob", "reverb_prob"):
@@ -142,12 +173,14 @@ def random_text(rng: np.random.Generator, cfg: CorpusConfig) -> str:
     return " ".join(words)
 
 
-def speaker_split(seed: int, num_dev: int, num_test: int) -> dict[str, list[str]]:
+def speaker_split(seed: int, num_dev: int, num_test: int, num_test_fast: int = 0) -> dict[str, list[str]]:
     """Disjoint voice names (``"<accent>+<variant>"``) per split, a seeded permutation of all voices."""
     voices = [f"{a}+{v}" for a in ACCENTS for v in VARIANTS]
     order = np.random.default_rng([seed, 1]).permutation(len(voices))
     voices = [voices[i] for i in order]
-    return {"dev": voices[:num_dev], "test": voices[num_dev : num_dev + num_test], "train": voices[num_dev + num_test :]}
+    ends = np.cumsum([num_dev, num_test, num_test_fast])
+    return {"dev": voices[: ends[0]], "test": voices[ends[0] : ends[1]], "test-fast": voices[ends[1] : ends[2]],
+            "train": voices[ends[2] :]}
 
 
 def _speaker_id(voice: str) -> str:
@@ -156,27 +189,34 @@ def _speaker_id(voice: str) -> str:
 
 def plan_corpus(cfg: CorpusConfig) -> list[dict[str, Any]]:
     """The specification of every utterance (text, voice, prosody, augmentation, seeds), in corpus order."""
-    speakers = speaker_split(cfg.seed, cfg.num_dev_speakers, cfg.num_test_speakers)
+    speakers = speaker_split(cfg.seed, cfg.num_dev_speakers, cfg.num_test_speakers, cfg.num_test_fast_speakers)
+    vtl_steps = [round(ESPEAK_SAMPLE_RATE * (a - 1.0) / VTL_STEP_HZ) for a in cfg.vtl_range]
     plan: list[dict[str, Any]] = []
     for split_idx, split in enumerate(SPLITS):
         rng = np.random.default_rng([cfg.seed, 2, split_idx])
         voices = speakers[split]
-        # each speaker's own voice settings
-        prosody = {
-            v: (int(rng.integers(25, 76)), int(rng.integers(25, 81)), int(rng.integers(cfg.rate_wpm[0], cfg.rate_wpm[1] + 1)))
-            for v in voices
-        }
-        num = {"train": cfg.num_train, "dev": cfg.num_dev, "test": cfg.num_test}[split]
+        rate_range = cfg.fast_rate_wpm if split == "test-fast" else cfg.rate_wpm
+        # each speaker's own settings: source rate of the vocal-tract warp, pitch, pitch range, base rate
+        speaker = {}
+        for v in voices:
+            source_hz = ESPEAK_SAMPLE_RATE + VTL_STEP_HZ * int(rng.integers(vtl_steps[0], vtl_steps[1] + 1))
+            speaker[v] = (source_hz, int(rng.integers(25, 76)), int(rng.integers(25, 81)),
+                          int(rng.integers(rate_range[0], rate_range[1] + 1)))
+        num = {"train": cfg.num_train, "dev": cfg.num_dev, "test": cfg.num_test, "test-fast": cfg.num_test_fast}[split]
         for i in range(num):
             voice = voices[int(rng.integers(len(voices)))]
-            pitch, prange, rate = prosody[voice]
+            source_hz, pitch, prange, rate = speaker[voice]
+            rate = int(round(rate * rng.uniform(1.0 - cfg.rate_jitter, 1.0 + cfg.rate_jitter)))
+            speaker_id = f"{_speaker_id(voice)}_{source_hz}"
             spec = {
-                "id": f"{split}-{_speaker_id(voice)}-{i:06d}",
+                "id": f"{split}-{speaker_id}-{i:06d}",
                 "split": split,
-                "speaker": _speaker_id(voice),
+                "speaker": speaker_id,
                 "voice": voice,
                 "text": random_text(rng, cfg),
-                "rate": int(round(rate * rng.uniform(0.9, 1.1))),
+                "rate": rate,  # as heard
+                "source_hz": source_hz,  # espeak's output is played as if recorded at this rate
+                "espeak_rate": max(80, int(round(rate * ESPEAK_SAMPLE_RATE / source_hz))),
                 "pitch": int(np.clip(pitch + rng.integers(-5, 6), 0, 100)),
                 "range": prange,
                 "word_gap": int(rng.integers(1, 4)) if rng.random() < 0.3 else 0,
@@ -212,13 +252,13 @@ def render_aligned_utterance(spec: dict[str, Any]) -> tuple[np.ndarray, list[tup
     (:mod:`asrprec.data.espeak` says how they are read); ``[]`` when espeak spoke a different number of words than
     the text has (none seen; the caller counts them)."""
     from asrprec.data.augment import add_noise, reverberate, synthetic_rir
-    from asrprec.data.espeak import ESPEAK_SAMPLE_RATE, Espeak
+    from asrprec.data.espeak import Espeak
     from asrprec.data.resample import resample_poly
 
     utt = Espeak.get().synthesize(
         spec["text"].lower(),  # espeak reads a lone capital "A" as the letter name
         voice=spec["voice"],
-        rate=spec["rate"],
+        rate=spec["espeak_rate"],
         pitch=spec["pitch"],
         pitch_range=spec["range"],
         word_gap=spec["word_gap"],
@@ -226,7 +266,9 @@ def render_aligned_utterance(spec: dict[str, Any]) -> tuple[np.ndarray, list[tup
     )
     if len(utt.samples) == 0:
         raise RuntimeError(f"espeak produced no audio for {spec['id']} ({spec['text']!r}, voice {spec['voice']})")
-    y = resample_poly(utt.samples.astype(np.float64) / 32768.0, ESPEAK_SAMPLE_RATE, SAMPLE_RATE)
+    # the vocal-tract warp: espeak's samples played at source_hz (times scale by ESPEAK_SAMPLE_RATE / source_hz)
+    y = resample_poly(utt.samples.astype(np.float64) / 32768.0, spec["source_hz"], SAMPLE_RATE)
+    warp = ESPEAK_SAMPLE_RATE / spec["source_hz"]
     rng = np.random.default_rng(spec["aug_seed"])
     if spec["rt60_s"] is not None:
         y = reverberate(y, synthetic_rir(spec["rt60_s"], SAMPLE_RATE, rng, direct_to_reverb_db=spec["drr_db"]))
@@ -242,7 +284,7 @@ def render_aligned_utterance(spec: dict[str, Any]) -> tuple[np.ndarray, list[tup
     end_s = len(y) / SAMPLE_RATE
     if len(utt.word_spans_s) != len(words):
         return y, []
-    return y, [(w, min(a, end_s), min(b, end_s)) for w, (a, b) in zip(words, utt.word_spans_s)]
+    return y, [(w, min(a * warp, end_s), min(b * warp, end_s)) for w, (a, b) in zip(words, utt.word_spans_s)]
 
 
 def _synth_shard(audio_dir: str, specs: list[dict[str, Any]]) -> tuple[list[tuple[str, int]], float, dict]:
@@ -350,7 +392,7 @@ def _write_manifests(plan: list[dict[str, Any]], num_samples: dict[str, int], ou
                     duration=n / SAMPLE_RATE,
                 )
             )
-            custom = {k: spec[k] for k in ("voice", "rate", "pitch", "range", "word_gap", "snr_db", "rt60_s")}
+            custom = {k: spec[k] for k in ("voice", "source_hz", "rate", "pitch", "range", "word_gap", "snr_db", "rt60_s")}
             sups.append(
                 lhotse.SupervisionSegment(
                     id=spec["id"],
@@ -378,7 +420,7 @@ def _write_manifests(plan: list[dict[str, Any]], num_samples: dict[str, int], ou
 
 
 def load_corpus(out_dir: Path | str) -> dict:
-    """The stored CutSets of a generated corpus, ``{"train": CutSet, "dev": ..., "test": ...}``."""
+    """The stored CutSets of a generated corpus, ``{"train": CutSet, "dev": ..., "test": ..., "test-fast": ...}``."""
     lhotse = require("lhotse")
     out = {}
     for split in SPLITS:
@@ -396,6 +438,7 @@ def generate_corpus(
     num_train: int = 2500,
     num_dev: int = 200,
     num_test: int = 200,
+    num_test_fast: int = 0,
     seed: int = 0,
     num_workers: int = 2,
     snr_db: tuple[float, float] | None = None,
@@ -403,7 +446,8 @@ def generate_corpus(
     force: bool = False,
     **options: Any,
 ) -> dict:
-    """Synthesise the corpus into ``out_dir`` and return ``{"train": CutSet, "dev": CutSet, "test": CutSet}``.
+    """Synthesise the corpus into ``out_dir`` and return ``{split: CutSet}`` for :data:`SPLITS` (``test-fast`` is
+    empty unless ``num_test_fast``).
 
     Writes ``audio/<split>/<id>.flac`` (16 kHz, 16-bit), ``espeak_{recordings,supervisions,cuts}_<split>.jsonl.gz``
     and ``corpus.json`` (the configuration, written last). If ``corpus.json`` already records the same
@@ -419,7 +463,8 @@ def generate_corpus(
     if snr_db is not None:
         snr_db = (float(snr_db[0]), float(snr_db[1]))
     cfg = CorpusConfig(
-        num_train=num_train, num_dev=num_dev, num_test=num_test, seed=seed, snr_db=snr_db, reverb_prob=reverb_prob, **options
+        num_train=num_train, num_dev=num_dev, num_test=num_test, num_test_fast=num_test_fast, seed=seed, snr_db=snr_db,
+        reverb_prob=reverb_prob, **options
     )
     out_dir = Path(out_dir)
     marker = out_dir / "corpus.json"

@@ -41,7 +41,8 @@ class DecodeConfig(WeightsOptions, CompileOptions, LongFormOptions):
 
     validate_data: str = option("fast", choices=CHECK_MODES,
                                 help="leave out (and report) unusable cuts; full also reads every feature file")
-    decoding_method: str = option("greedy_search", choices=METHODS, help="the search (CTC methods need a CTC head)")
+    decoding_method: tuple[str, ...] = option(("greedy_search",), choices=METHODS, metavar="METHOD",
+                                              help="the search(es): several decode one loaded model in turn")
     beam_size: int = option(4, help="beam searches: hypotheses kept per utterance")
     max_sym_per_frame: int = option(1, help="at most this many tokens per encoder frame (NeMo's max_symbols)")
     greedy_method: str = option(DEFAULT_GREEDY_METHOD, choices=GREEDY_METHODS,
@@ -75,6 +76,14 @@ class DecodeConfig(WeightsOptions, CompileOptions, LongFormOptions):
         WeightsOptions.__post_init__(self)
         CompileOptions.__post_init__(self)
         LongFormOptions.__post_init__(self)
+        if isinstance(self.decoding_method, str):
+            self.decoding_method = (self.decoding_method,)
+        self.decoding_method = tuple(dict.fromkeys(self.decoding_method))  # each once, in the order given
+        if not self.decoding_method:
+            raise ValueError(f"name at least one --decoding-method of {', '.join(METHODS)}")
+        unknown = [m for m in self.decoding_method if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown --decoding-method {', '.join(unknown)}; valid: {', '.join(METHODS)}")
         if self.tail_padding and not self.streaming:
             raise ValueError("--tail-padding applies to --streaming decoding (it ends each live stream with silence)")
         if self.long_form and (self.streaming or self.lm or self.lodr or self.hotwords or self.hotword_score):
@@ -85,17 +94,30 @@ class DecodeConfig(WeightsOptions, CompileOptions, LongFormOptions):
         """The chunking of ``--long-form`` (:mod:`asrprec.decoding.longform`)."""
         return LongFormOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LongFormOptions)})
 
+    @property
+    def method(self) -> str:
+        """The one search of a config that names one (:meth:`per_method` splits one that names several)."""
+        if len(self.decoding_method) != 1:
+            raise ValueError(f"this config names {len(self.decoding_method)} searches; take them one at a time "
+                             "with per_method()")
+        return self.decoding_method[0]
+
+    def per_method(self) -> list[DecodeConfig]:
+        """One config per ``--decoding-method``, in the order given."""
+        return [dataclasses.replace(self, decoding_method=(m,)) for m in self.decoding_method]
+
     def search(self) -> DecodingOptions:
-        """The search options of :func:`asrprec.decoding.decode_dataset`."""
-        return DecodingOptions(method=self.decoding_method, beam=self.beam_size,
+        """The search options of :func:`asrprec.decoding.decode_dataset` (a config naming one search)."""
+        return DecodingOptions(method=self.method, beam=self.beam_size,
                                max_sym_per_frame=self.max_sym_per_frame, greedy_method=self.greedy_method)
 
 
 @dataclass(frozen=True)
 class DecodingSetup:
-    """A model ready to decode: ``model`` (prepared for inference by ``policy``), the ``tag`` of its result files,
-    ``weights`` (which checkpoints were averaged, for the log), ``streaming`` ((chunk, left context) for real
-    streaming, or None) and ``min_input_frames`` (the fewest feature frames its encoder takes)."""
+    """A model ready to decode: ``model`` (prepared for inference by ``policy``), the ``tag`` of its result files
+    (for the config's first search), ``weights`` (which checkpoints were averaged, for the log), ``streaming``
+    ((chunk, left context) for real streaming, or None), ``min_input_frames`` (the fewest feature frames its
+    encoder takes) and ``streaming_tag`` (the part of a tag that names the streaming setup)."""
 
     model: nn.Module
     policy: Any
@@ -103,6 +125,7 @@ class DecodingSetup:
     weights: str
     streaming: tuple[int, int] | None
     min_input_frames: int = 1
+    streaming_tag: str = ""
 
 
 @dataclass
@@ -138,14 +161,16 @@ def decoding_command_line(cls: type = DecodingConfig, *, defaults: Mapping[str, 
 
 
 def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> str:
-    """``<method>-epoch-E-avg-A-<precision>[-use-averaged-model][-beam-K][-<streaming tag>][-tail-Ss]``."""
+    """``<method>-epoch-E-avg-A-<precision>[-use-averaged-model][-beam-K][-<streaming tag>][-tail-Ss]`` (of the
+    config's first search)."""
+    method = cfg.decoding_method[0]
     if cfg.init_from:
-        tag = f"{cfg.decoding_method}-icefall-{Path(parse_icefall_source(cfg.init_from)).stem}-{precision}"
+        tag = f"{method}-icefall-{Path(parse_icefall_source(cfg.init_from)).stem}-{precision}"
     else:
-        tag = f"{cfg.decoding_method}-epoch-{cfg.epoch}-avg-{cfg.avg}-{precision}"
+        tag = f"{method}-epoch-{cfg.epoch}-avg-{cfg.avg}-{precision}"
         if cfg.use_averaged_model:
             tag += "-use-averaged-model"
-    if cfg.decoding_method in ("modified_beam_search", "malsd_batch", "ctc_prefix_beam_search"):
+    if method in ("modified_beam_search", "malsd_batch", "ctc_prefix_beam_search"):
         tag += f"-beam-{cfg.beam_size}"
     for flag, scale, name in ((cfg.lm, cfg.lm_scale, "lm"), (cfg.lodr, cfg.lodr_scale, "lodr"),
                               (cfg.hotwords or cfg.hotword_score, cfg.hotword_score, "hot")):
@@ -186,8 +211,9 @@ def load_for_decoding(exp_dir: Path | str, cfg: DecodeConfig, precision: Any) ->
         weights = f"icefall checkpoint {icefall}"
     else:
         model = build_experiment_model(exp_dir)
-    try:  # before loading weights: the method must match the heads the model has
-        check_method(model, cfg.decoding_method)
+    try:  # before loading weights: the methods must match the heads the model has
+        for method in cfg.decoding_method:
+            check_method(model, method)
     except ValueError as e:
         raise ExperimentError(f"{icefall or exp_dir}: {e}") from None
     if icefall is None:
@@ -203,7 +229,7 @@ def load_for_decoding(exp_dir: Path | str, cfg: DecodeConfig, precision: Any) ->
         compile_model(model, dynamic=cfg.compile_dynamic, mode=cfg.compile_mode, regions=cfg.compile_regions)
     streaming = (cfg.chunk_size, cfg.left_context_frames) if cfg.streaming else None
     return DecodingSetup(model=model, policy=policy, tag=result_tag(cfg, precision.precision, streaming_tag),
-                         weights=weights, streaming=streaming, min_input_frames=min_frames)
+                         weights=weights, streaming=streaming, min_input_frames=min_frames, streaming_tag=streaming_tag)
 
 
 def with_tail_padding(cuts: Mapping[str, Any], cfg: DecodeConfig) -> tuple[dict[str, Any], bool]:
@@ -271,9 +297,11 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
 def decode_experiment(cfg: DecodeConfig, precision: PrecisionOptions, *, exp_dir: str | Path,
                       tokenizer_path: str | Path | Callable[[], str | Path],
                       load_splits: Callable[[], Mapping[str, Any]], max_duration: float,
-                      on_the_fly_feats: bool = False) -> dict[str, dict[str, Any]]:
-    """A recipe's ``decode.py`` as one call: the model of ``exp_dir`` with the weights and search ``cfg`` names,
+                      on_the_fly_feats: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
+    """A recipe's ``decode.py`` as one call: the model of ``exp_dir`` with the weights and searches ``cfg`` names,
     in ``precision``, decoded on the splits ``load_splits()`` returns, result files written into ``exp_dir``.
+    The model is loaded once; each ``--decoding-method`` then decodes every split, and with several a WER table
+    (:func:`wer_table`) is printed at the end. Returns ``{tag: {split: summary}}`` (:func:`decode_splits`).
 
     Args:
         cfg, precision: the ``decode`` and ``precision`` sections. exp_dir: the experiment folder.
@@ -299,4 +327,20 @@ def decode_experiment(cfg: DecodeConfig, precision: PrecisionOptions, *, exp_dir
     tokenizer = Tokenizer(experiment_tokenizer(exp_dir, tokenizer_path))  # the folder's copy when it has one
     cuts, padded = with_tail_padding(load_splits(), cfg)  # --tail-padding: the stream a sherpa-onnx client sends
     data = AsrDataModule(DataConfig(max_duration=max_duration, on_the_fly_feats=on_the_fly_feats or padded))
-    return decode_splits(setup, cuts, data.test_dataloader, tokenizer, cfg, exp_dir)
+    results = {}
+    for one in cfg.per_method():
+        tagged = dataclasses.replace(setup, tag=result_tag(one, precision.precision, setup.streaming_tag))
+        results[tagged.tag] = decode_splits(tagged, cuts, data.test_dataloader, tokenizer, one, exp_dir)
+    if len(results) > 1:
+        print(wer_table(results))
+    return results
+
+
+def wer_table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """``{tag: {split: {"wer": ...}}}`` as a Markdown table: a row per result tag, a column per split (WER %)."""
+    splits = list(dict.fromkeys(split for summary in results.values() for split in summary))
+    lines = ["| WER % | " + " | ".join(splits) + " |", "|---|" + "---|" * len(splits)]
+    for tag, summary in results.items():
+        cells = [f"{summary[split]['wer']:.2f}" if split in summary else "" for split in splits]
+        lines.append(f"| {tag} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -19,7 +19,7 @@ from asrprec._optional import is_available
 
 needs_espeak = pytest.mark.skipif(not is_available("espeakng_loader"), reason="needs espeakng-loader (asrprec[synth])")
 
-TINY = dict(num_train=12, num_dev=4, num_test=4, seed=0, shard_size=4, snr_db=(10.0, 20.0), reverb_prob=0.5)
+TINY = dict(num_train=12, num_dev=4, num_test=4, num_test_fast=2, seed=0, shard_size=4, snr_db=(10.0, 20.0), reverb_prob=0.5)
 
 
 @pytest.fixture(scope="session")

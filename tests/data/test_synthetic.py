@@ -1,5 +1,6 @@
 """The espeak-ng corpus generator: determinism, disjoint speakers, valid manifests, errors."""
 
+import itertools
 import json
 
 import numpy as np
@@ -47,7 +48,7 @@ def test_manifests_are_valid_16k_with_sensible_durations(tiny_corpus):
     from lhotse.qa import validate
 
     out, cuts = tiny_corpus
-    assert {k: len(v) for k, v in cuts.items()} == {"train": 12, "dev": 4, "test": 4}
+    assert {k: len(v) for k, v in cuts.items()} == {"train": 12, "dev": 4, "test": 4, "test-fast": 2}
     for split, split_cuts in cuts.items():
         validate(split_cuts, read_data=True)
         for cut in split_cuts:
@@ -68,14 +69,67 @@ def test_manifests_are_valid_16k_with_sensible_durations(tiny_corpus):
 @needs_espeak
 def test_speakers_disjoint_between_splits(tiny_corpus):
     _, cuts = tiny_corpus
-    spk = {s: {c.supervisions[0].speaker for c in v} for s, v in cuts.items()}
-    assert not (spk["train"] & spk["dev"]) and not (spk["train"] & spk["test"]) and not (spk["dev"] & spk["test"])
-    # and for the default configuration's full speaker lists
-    split = speaker_split(0, 20, 20)
+    voices = {s: {c.supervisions[0].custom["voice"] for c in v} for s, v in cuts.items()}
+    for a, b in itertools.combinations(voices, 2):
+        assert not (voices[a] & voices[b]), (a, b)
+    # and for the default configuration's full voice lists
+    split = speaker_split(0, 20, 20, 20)
     sets = {k: set(v) for k, v in split.items()}
-    assert len(sets["dev"]) == 20 and len(sets["test"]) == 20
-    assert not (sets["train"] & sets["dev"]) and not (sets["train"] & sets["test"]) and not (sets["dev"] & sets["test"])
+    assert {k: len(v) for k, v in sets.items() if k != "train"} == {"dev": 20, "test": 20, "test-fast": 20}
+    for a, b in itertools.combinations(sets, 2):
+        assert not (sets[a] & sets[b]), (a, b)
     assert sum(len(v) for v in sets.values()) == len(synthetic.ACCENTS) * len(synthetic.VARIANTS)
+
+
+def _speakers(plan, split):
+    """Each speaker of a split with everything that makes its voice: espeak voice, warp, pitch, range, base rate."""
+    return {(s["voice"], s["source_hz"], s["range"]) for s in plan if s["split"] == split}
+
+
+def test_a_new_seed_brings_new_speakers():
+    # The same espeak voice under another seed is another speaker: its vocal-tract warp, range and rate are drawn anew.
+    cfg = dict(num_train=3000, num_dev=200, num_test=400, num_test_fast=200)
+    seed0, seed1 = plan_corpus(CorpusConfig(seed=0, **cfg)), plan_corpus(CorpusConfig(seed=1, **cfg))
+    trained = _speakers(seed0, "train")
+    for split in ("dev", "test", "test-fast"):
+        new = _speakers(seed1, split)
+        assert len(new) == 20 and not (new & trained), split
+    # and many seed-1 test voices are voices seed 0 trained on, so the warp is what makes them new
+    shared = {v for v, *_ in _speakers(seed1, "test")} & {v for v, *_ in trained}
+    assert len(shared) >= 10
+
+
+def test_test_fast_is_faster_than_every_other_utterance():
+    plan = plan_corpus(CorpusConfig(num_train=3000, num_dev=200, num_test=400, num_test_fast=200))
+    fast = [s["rate"] for s in plan if s["split"] == "test-fast"]
+    other = [s["rate"] for s in plan if s["split"] != "test-fast"]
+    assert len(fast) == 200 and min(fast) > max(other)
+    # the heard rate is the planned one: espeak is asked for it divided by the warp
+    for s in plan[:200]:
+        alpha = s["source_hz"] / 22050
+        assert abs(s["espeak_rate"] * alpha - s["rate"]) <= alpha
+    with pytest.raises(ValueError, match="test-fast must be faster"):
+        CorpusConfig(rate_wpm=(120, 300))
+
+
+@needs_espeak
+def test_vocal_tract_warp_scales_frequencies_and_time():
+    # Playing espeak's samples as if recorded at source_hz = 22050·α moves every frequency up by α and shortens the
+    # audio by 1/α (resampling's textbook property); measured with the spectral centroid of the clean audio.
+    spec = plan_corpus(CorpusConfig(num_train=0, num_dev=0, num_test=1, snr_db=None, reverb_prob=0.0))[0]
+    spec = {**spec, "text": "THE SMALL DOG FINDS A GREEN BOX NOW", "level_db": -20.0}
+
+    def centroid_and_duration(source_hz):
+        y, _ = synthetic.render_aligned_utterance({**spec, "source_hz": source_hz})
+        power = np.abs(np.fft.rfft(y)) ** 2
+        freqs = np.fft.rfftfreq(len(y), 1 / synthetic.SAMPLE_RATE)
+        band = freqs < 6000  # below the 16 kHz output's low-pass for both
+        return float((freqs[band] * power[band]).sum() / power[band].sum()), len(y) / synthetic.SAMPLE_RATE
+
+    (c1, d1), (c2, d2) = centroid_and_duration(22050), centroid_and_duration(24250)
+    alpha = 24250 / 22050
+    assert c2 / c1 == pytest.approx(alpha, rel=0.05)
+    assert d1 / d2 == pytest.approx(alpha, rel=0.01)
 
 
 @needs_espeak
