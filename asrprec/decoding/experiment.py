@@ -257,7 +257,7 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
     from asrprec.data import check_cuts
     from asrprec.decoding import decode_dataset
     from asrprec.decoding.longform import decode_long_cuts
-    from asrprec.decoding.timestamps import CtmCollector, ctm_path, write_ctm
+    from asrprec.decoding.timestamps import CtmCollector, ctm_path, segments_path, write_ctm, write_segments
     from asrprec.metrics import write_error_stats, write_recogs
 
     exp_dir = Path(exp_dir)
@@ -276,6 +276,7 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
             results, words, stats = decode_long_cuts(setup.model, split_cuts, tokenizer, cfg.long_form_options(),
                                                      options)
             write_ctm(ctm_path(exp_dir, split, tag), words)
+            write_segments(segments_path(exp_dir, split, tag), words)
             stats["unreadable_cuts"] = 0
         else:
             ctm = CtmCollector(tokenizer.id_to_piece, {c.id: c.duration for c in split_cuts})
@@ -283,6 +284,7 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
                                             setup.policy.device, streaming=setup.streaming,
                                             whole_chunks_only=bool(cfg.tail_padding), fusion=fusion, on_results=ctm)
             ctm.write(ctm_path(exp_dir, split, tag))  # word times beside the recogs (NIST CTM)
+            ctm.write_segments(segments_path(exp_dir, split, tag))  # and the segments they form
         write_recogs(exp_dir / f"recogs-{split}-{tag}.txt", results)
         wer = write_error_stats(exp_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         left_out = report.dropped + stats["unreadable_cuts"]

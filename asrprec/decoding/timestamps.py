@@ -1,4 +1,5 @@
-"""Word times from token times: token frames → word spans (seconds), CTC frame labels → token runs, CTM files.
+"""Word times from token times: token frames → word spans (seconds), CTC frame labels → token runs, words →
+segments, CTM and segment files.
 
 Time grid: features are computed every 10 ms (:mod:`asrprec.data.features`) and every encoder here subsamples them
 4x, so one encoder frame is 40 ms (:data:`FRAME_SHIFT_S`): the Conformer's ``Conv2dSubsampling`` divides by 4
@@ -26,6 +27,22 @@ Punctuation gets no duration because a TDT model emits it with a long duration (
 word): a port of NeMo's TDT timestamps saw word ends drift by up to 560 ms until it did so (NVIDIA/NeMo
 ``nemo/collections/asr/parts/utils/timestamp_utils.py`` refines TDT punctuation to zero duration the same way).
 An empty hypothesis gives no words (NeMo #14427 failed there).
+
+Segments (:func:`segment_spans`), as NeMo's segment timestamps: a segment is a run of words that ends after a word
+ending in a sentence separator (:data:`SEGMENT_SEPARATORS`: ``.``, ``?``, ``!`` as NeMo's default
+``segment_seperators``, and their ellipsis / full-width forms), or before a word that starts more than ``max_gap_s``
+after the previous word ends. It spans from its first word's start to its last word's end; its text is its words
+joined by spaces. NeMo splits at a gap only when ``segment_gap_threshold`` (frames) is set, and has none by default;
+here the default is :data:`SEGMENT_GAP_S` (0.5 s, longer than the pauses between words of a fluent sentence), since
+transcripts without punctuation (LibriSpeech's, the embedded corpus') would otherwise give one segment per
+utterance. The gap is measured between word spans as written, ends already moved on by up to :data:`EXTEND_FRAMES`.
+
+Files, beside the recogs of the same split and tag (utterances sorted by id, then by time; seconds, 2 decimals):
+
+* ``ctm-<split>-<tag>.txt`` (:func:`write_ctm`): NIST CTM, one line per word:
+  ``<utterance> <channel> <start> <duration> <word>``;
+* ``segments-<split>-<tag>.txt`` (:func:`write_segments`): one line per segment: ``<utterance> <start> <end>
+  <text>``, the text being the rest of the line (words separated by single spaces).
 """
 
 from __future__ import annotations
@@ -37,15 +54,20 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from asrprec.atomic import atomic_write_text
 
-__all__ = ["EXTEND_FRAMES", "FEATURE_SHIFT_S", "FRAME_SHIFT_S", "SUBSAMPLING_FACTOR", "WORD_START", "CtmCollector",
-           "WordSpan", "ctc_token_runs", "ctm_path", "format_ctm", "is_zero_duration", "word_spans", "words_from_ids",
-           "words_from_token_times", "write_ctm"]
+__all__ = ["EXTEND_FRAMES", "FEATURE_SHIFT_S", "FRAME_SHIFT_S", "SEGMENT_GAP_S", "SEGMENT_SEPARATORS",
+           "SUBSAMPLING_FACTOR", "WORD_START", "CtmCollector", "SegmentSpan", "WordSpan", "ctc_token_runs", "ctm_path",
+           "format_ctm", "format_segments", "is_zero_duration", "segment_spans", "segments_path", "word_spans",
+           "words_from_ids", "words_from_token_times", "write_ctm", "write_segments"]
 
 FEATURE_SHIFT_S = 0.01  # fbank frame shift
 SUBSAMPLING_FACTOR = 4  # Conformer: Conv2dSubsampling 4x; Zipformer: front-end 2x, output downsampling 2x
 FRAME_SHIFT_S = FEATURE_SHIFT_S * SUBSAMPLING_FACTOR  # one encoder frame: 40 ms
 EXTEND_FRAMES = 10  # how far a word's end may move towards the next word's start without durations (400 ms)
 WORD_START = "\u2581"  # sentencepiece's "▁"
+#: NeMo's default segment_seperators (NVIDIA/NeMo nemo/collections/asr/parts/submodules/rnnt_decoding.py,
+#: ``RNNTDecodingConfig``; the same in ctc_decoding.py), with the ellipsis and full-width forms
+SEGMENT_SEPARATORS = (".", "?", "!", "\u2026", "\u3002", "\uff1f", "\uff01")
+SEGMENT_GAP_S = 0.5  # a pause longer than this between two words ends a segment (module docstring)
 
 _SPECIALS = frozenset({"<blk>", "<s>", "</s>", "<pad>", "<sos/eos>", "<eps>", WORD_START})
 
@@ -68,6 +90,15 @@ class WordSpan:
 
     def shifted(self, seconds: float) -> "WordSpan":
         return WordSpan(self.word, self.start + seconds, self.end + seconds)
+
+
+@dataclass(frozen=True)
+class SegmentSpan:
+    """A run of words (:func:`segment_spans`): their text joined by spaces, its first start and last end (s)."""
+
+    text: str
+    start: float
+    end: float
 
 
 def is_zero_duration(piece: str) -> bool:
@@ -151,10 +182,52 @@ def words_from_token_times(pieces: Sequence[str], times: Sequence[float], durati
                            frame_shift: float = FRAME_SHIFT_S) -> list[WordSpan]:
     """:func:`word_spans` of tokens timed in seconds, as sherpa-onnx's ``OfflineRecognitionResult`` gives them
     (``tokens``: the pieces, ``timestamps``: each one's start): times go to the nearest frame; ``duration``: the
-    audio's seconds, which the words stay within."""
+    audio's seconds, which the words stay within (a token timed later, as a streaming decode's tail padding can
+    give, is put on the audio's last frame)."""
     frames = [max(0, int(round(t / frame_shift))) for t in times]
     num_frames = None if duration is None else max(1, math.ceil(duration / frame_shift - 1e-9))
-    return word_spans(pieces, frames, num_frames=num_frames, frame_shift=frame_shift)
+    if num_frames is None:
+        return word_spans(pieces, frames, frame_shift=frame_shift)
+    frames = [min(f, num_frames - 1) for f in frames]
+    # the last frame may pass the audio's end (a part of a frame): ends are cut there
+    return [WordSpan(w.word, w.start, min(w.end, duration))
+            for w in word_spans(pieces, frames, num_frames=num_frames, frame_shift=frame_shift)]
+
+
+def segment_spans(words: Sequence[WordSpan], *, max_gap_s: float | None = SEGMENT_GAP_S,
+                  separators: Sequence[str] = SEGMENT_SEPARATORS) -> list[SegmentSpan]:
+    """Words (in time order) → segments (rules in the module docstring), as NeMo's ``get_segment_offsets`` forms them
+    (NVIDIA/NeMo nemo/collections/asr/parts/utils/timestamp_utils.py; NeMo splits at a gap >= its threshold, here
+    only at one longer than ``max_gap_s``).
+
+    Args:
+        words: one utterance's word spans.
+        max_gap_s: a pause longer than this (next start - previous end, seconds) ends a segment; None: never.
+        separators: a word ending in one of these (or made of one) ends a segment.
+    Returns:
+        One :class:`SegmentSpan` per segment, in order; ``[]`` without words.
+    Raises:
+        ValueError for a negative ``max_gap_s``.
+    """
+    if max_gap_s is not None and max_gap_s < 0:
+        raise ValueError(f"max_gap_s must be >= 0 seconds or None (no gap splits), got {max_gap_s}")
+    ends = tuple(separators)
+    out: list[SegmentSpan] = []
+    run: list[WordSpan] = []
+
+    def close() -> None:
+        if run:
+            out.append(SegmentSpan(" ".join(w.word for w in run), run[0].start, run[-1].end))
+            run.clear()
+
+    for w in words:
+        if run and max_gap_s is not None and w.start - run[-1].end > max_gap_s:
+            close()
+        run.append(w)
+        if w.word.endswith(ends):
+            close()
+    close()
+    return out
 
 
 def ctc_token_runs(frame_labels: Sequence[int], blank_id: int = 0) -> tuple[list[int], list[int], list[int]]:
@@ -199,6 +272,30 @@ def write_ctm(path: str | Path, utterances: Iterable[tuple[str, Sequence[WordSpa
     return atomic_write_text(path, format_ctm(utterances, channel))
 
 
+def segments_path(exp_dir: str | Path, split: str, tag: str) -> Path:
+    """``<exp_dir>/segments-<split>-<tag>.txt``, beside the CTM file of the same split and tag."""
+    return Path(exp_dir) / f"segments-{split}-{tag}.txt"
+
+
+def format_segments(utterances: Iterable[tuple[str, Sequence[WordSpan]]], **kwargs) -> str:
+    """The segments file (module docstring) of each utterance's words: ``<utterance> <start> <end> <text>`` per
+    :func:`segment_spans` (``kwargs``: its ``max_gap_s``, ``separators``), utterances sorted by id. ValueError for an
+    id holding whitespace."""
+    lines = []
+    for utt, words in sorted(utterances, key=lambda x: x[0]):
+        if not utt or any(c.isspace() for c in utt):
+            raise ValueError(f"segment file utterance ids must be non-empty without whitespace, got {utt!r}")
+        ordered = sorted(words, key=lambda w: (w.start, w.end))
+        for seg in segment_spans(ordered, **kwargs):
+            lines.append(f"{utt} {seg.start:.2f} {seg.end:.2f} {seg.text}\n")
+    return "".join(lines)
+
+
+def write_segments(path: str | Path, utterances: Iterable[tuple[str, Sequence[WordSpan]]], **kwargs) -> Path:
+    """Write :func:`format_segments` to ``path`` atomically (:mod:`asrprec.atomic`)."""
+    return atomic_write_text(path, format_segments(utterances, **kwargs))
+
+
 class CtmCollector:
     """Collects word times while a split is decoded and writes them as one CTM file.
 
@@ -223,3 +320,7 @@ class CtmCollector:
     def write(self, path: str | Path, channel: str = "1") -> Path:
         """:func:`write_ctm` of everything collected."""
         return write_ctm(path, self.utterances, channel)
+
+    def write_segments(self, path: str | Path, **kwargs) -> Path:
+        """:func:`write_segments` of everything collected (``kwargs``: :func:`segment_spans`' options)."""
+        return write_segments(path, self.utterances, **kwargs)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Decode the espeak test (and dev) speakers with an exported model (recipes/espeak/export.py), by onnxruntime or by
-sherpa-onnx itself, with greedy search; write recogs, errs and WER files as decode.py does. A CTC export (model.onnx;
+sherpa-onnx itself, with greedy search; write recogs, errs and WER files as decode.py does (with sherpa-onnx also the
+word times, ctm-<split>-<tag>.txt, and segments-<split>-<tag>.txt, from its token times). A CTC export (model.onnx;
 --ctc for the CTC head of a hybrid's folder) runs CTC greedy search (sherpa-onnx's zipformer CTC recognisers).
 
     python recipes/espeak/onnx_decode.py --onnx-dir recipes/espeak/exp/fp32/onnx-epoch-10-avg-3 [--variant int8] \
@@ -25,8 +26,9 @@ import torch
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.data.features import at_feature_rate, pad_with_silence, report_audio_formats
 from asrprec.data.frames import FRAME_SHIFT_S
+from asrprec.decoding.timestamps import ctm_path, segments_path, write_ctm, write_segments
 from asrprec.export import OnnxCtcOfflineModel, OnnxCtcStreamingModel, load_onnx_model
-from asrprec.export.sherpa import recognize
+from asrprec.export.sherpa import recognize_timed
 from asrprec.metrics import RtfxMeter, read_recogs, write_error_stats, write_recogs
 from asrprec.tokenizer import Tokenizer
 from asrprec.cli import setup_logging
@@ -60,7 +62,8 @@ def is_ctc(model) -> bool:
 
 
 def decode_split(args, model, tokenizer, cuts, data, streaming):
-    """``(cut_id, ref_words, hyp_words)`` per cut and the RTFx meter."""
+    """``(cut_id, ref_words, hyp_words)`` per cut, the RTFx meter, and with sherpa-onnx each cut's word spans from
+    its token times (None with onnxruntime)."""
     meter = RtfxMeter()
     results = []
     if args.runtime == "sherpa-onnx":
@@ -69,12 +72,12 @@ def decode_split(args, model, tokenizer, cuts, data, streaming):
         seconds = sum(c.duration for c in cuts)
         report_audio_formats(cuts)
         with meter.measure(audio_seconds=seconds):
-            hyps = recognize(args.onnx_dir, waves, streaming=streaming, variant=args.variant,
-                             num_threads=args.num_threads, batch=args.batch, tail_padding_s=args.tail_padding,
-                             ctc=is_ctc(model), sample_rates=[c.sampling_rate for c in cuts])
+            hyps = recognize_timed(args.onnx_dir, waves, streaming=streaming, variant=args.variant,
+                                   num_threads=args.num_threads, batch=args.batch, tail_padding_s=args.tail_padding,
+                                   ctc=is_ctc(model), sample_rates=[c.sampling_rate for c in cuts])
         for cut, hyp in zip(cuts, hyps):
-            results.append((cut.id, cut.supervisions[0].text.split(), tokenizer.decode(hyp).split()))
-        return results, meter
+            results.append((cut.id, cut.supervisions[0].text.split(), tokenizer.decode(hyp.ids).split()))
+        return results, meter, [(cut.id, hyp.words(cut.duration)) for cut, hyp in zip(cuts, hyps)]
     if streaming:
         # the audio a sherpa-onnx client sends, features computed from it (as sherpa-onnx does)
         cuts = pad_with_silence(at_feature_rate(cuts), args.tail_padding)
@@ -88,7 +91,7 @@ def decode_split(args, model, tokenizer, cuts, data, streaming):
                 hyps = model.decode(feats, lens)
             for cut_id, ref, hyp in zip(batch["cut_ids"][part], batch["texts"][part], hyps):
                 results.append((cut_id, ref.split(), tokenizer.decode(hyp).split()))
-    return results, meter
+    return results, meter, None
 
 
 def main() -> None:
@@ -113,8 +116,11 @@ def main() -> None:
         references.setdefault(split, []).append((path.name, read_recogs(path)))
     summary = {}
     for split in args.splits:
-        results, meter = decode_split(args, model, tokenizer, cuts[split], data, model.streaming)
+        results, meter, words = decode_split(args, model, tokenizer, cuts[split], data, model.streaming)
         write_recogs(res_dir / f"recogs-{split}-{tag}.txt", results)
+        if words is not None:  # sherpa-onnx's token times: word times and segments beside the recogs
+            write_ctm(ctm_path(res_dir, split, tag), words)
+            write_segments(segments_path(res_dir, split, tag), words)
         wer = write_error_stats(res_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         summary[split] = {"wer": wer, "rtfx": meter.rtfx, "utterances": len(results)}
         line = f"{split}: WER {wer:.2f}% ({tag}); RTFx {meter.rtfx:.1f}"

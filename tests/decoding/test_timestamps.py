@@ -139,3 +139,73 @@ def test_tokens_timed_in_seconds():
     out = words_from_token_times(["\u2581THE", "\u2581SM", "ALL"], [0.08, 0.2, 0.281], duration=0.6)
     assert_spans(out, [("THE", 2 * F, 5 * F), ("SMALL", 5 * F, 15 * F)])  # SMALL ends with the audio (15 frames)
     assert words_from_token_times([], []) == []
+    # a token timed past the audio (a streaming decode's tail padding) goes on its last frame (0.2 s: frame 4)
+    out = words_from_token_times(["\u2581A", "\u2581B"], [0.04, 0.5], duration=0.2)
+    assert_spans(out, [("A", 1 * F, 4 * F), ("B", 4 * F, 5 * F)])
+    # audio of 0.19 s: 5 frames, the last one partly past its end, where B's end is cut
+    out = words_from_token_times(["\u2581A", "\u2581B"], [0.04, 0.16], duration=0.19)
+    assert_spans(out, [("A", 1 * F, 4 * F), ("B", 4 * F, 0.19)])
+
+
+def _seg(words, **kw):
+    from asrprec.decoding.timestamps import segment_spans
+
+    return [(s.text, s.start, s.end) for s in segment_spans(words, **kw)]
+
+
+def test_sentence_punctuation_ends_a_segment():
+    words = [WordSpan("HELLO", 0.1, 0.4), WordSpan("THERE.", 0.44, 0.8), WordSpan("HOW", 0.84, 1.0),
+             WordSpan("ARE", 1.0, 1.2), WordSpan("YOU?", 1.2, 1.5), WordSpan("FINE,", 1.6, 1.9),
+             WordSpan("THANKS!", 1.9, 2.3), WordSpan("OK", 2.3, 2.5)]
+    # "," is no separator; "OK" after the last "!" is a segment of its own (the utterance ends it)
+    assert _seg(words, max_gap_s=None) == [("HELLO THERE.", 0.1, 0.8), ("HOW ARE YOU?", 0.84, 1.5),
+                                           ("FINE, THANKS!", 1.6, 2.3), ("OK", 2.3, 2.5)]
+    # a word made of a separator alone (a "?" piece after "▁") ends one too, and lasts 0 s
+    words = [WordSpan("WHY", 0.0, 0.3), WordSpan("?", 0.3, 0.3), WordSpan("NO", 0.5, 0.7)]
+    assert _seg(words) == [("WHY ?", 0.0, 0.3), ("NO", 0.5, 0.7)]
+    # other separators than the default ones
+    assert _seg(words, separators=("O",)) == [("WHY ? NO", 0.0, 0.7)]
+
+
+def test_a_gap_longer_than_the_threshold_ends_a_segment_a_shorter_one_does_not():
+    from asrprec.decoding.timestamps import SEGMENT_GAP_S
+
+    assert SEGMENT_GAP_S == 0.5
+    # gaps: A-B 0.2 s, B-C 0.7 s, C-D 0.45 s
+    words = [WordSpan("A", 0.0, 0.3), WordSpan("B", 0.5, 0.8), WordSpan("C", 1.5, 1.75), WordSpan("D", 2.2, 2.6)]
+    assert _seg(words) == [("A B", 0.0, 0.8), ("C D", 1.5, 2.6)]
+    assert _seg(words, max_gap_s=0.4) == [("A B", 0.0, 0.8), ("C", 1.5, 1.75), ("D", 2.2, 2.6)]
+    assert _seg(words, max_gap_s=0.1) == [("A", 0.0, 0.3), ("B", 0.5, 0.8), ("C", 1.5, 1.75), ("D", 2.2, 2.6)]
+    assert _seg(words, max_gap_s=None) == [("A B C D", 0.0, 2.6)]
+    # touching words never split, even at a zero threshold
+    assert _seg([WordSpan("A", 0.0, 0.3), WordSpan("B", 0.3, 0.5)], max_gap_s=0.0) == [("A B", 0.0, 0.5)]
+    with pytest.raises(ValueError, match="max_gap_s"):
+        _seg(words, max_gap_s=-0.1)
+
+
+def test_segments_of_no_words_and_of_one_word():
+    assert _seg([]) == []
+    assert _seg([WordSpan("ALONE", 1.25, 1.75)]) == [("ALONE", 1.25, 1.75)]
+    assert _seg([WordSpan("END.", 0.0, 0.2)]) == [("END.", 0.0, 0.2)]
+
+
+def test_segments_file_beside_the_ctm(tmp_path):
+    from asrprec.decoding.timestamps import CtmCollector, format_segments, segments_path, write_segments
+
+    utts = [("u2", [WordSpan("B", 0.4, 0.52)]),
+            ("u1", [WordSpan("Y.", 0.6, 1.2), WordSpan("X", 0.08, 0.2), WordSpan("Z", 2.0, 2.25)]), ("u3", [])]
+    text = "u1 0.08 1.20 X Y.\nu1 2.00 2.25 Z\nu2 0.40 0.52 B\n"
+    assert format_segments(utts) == text
+    path = segments_path(tmp_path, "test", "greedy_search-epoch-3-avg-1-fp32")
+    assert path.name == "segments-test-greedy_search-epoch-3-avg-1-fp32.txt"
+    assert path.parent == ctm_path(tmp_path, "test", "greedy_search-epoch-3-avg-1-fp32").parent
+    assert write_segments(path, utts).read_text() == text
+    assert format_segments(utts, max_gap_s=None, separators=()) == "u1 0.08 2.25 X Y. Z\nu2 0.40 0.52 B\n"
+    with pytest.raises(ValueError, match="whitespace"):
+        format_segments([("a b", [WordSpan("X", 0.0, 0.1)])])
+    # the collector writes the segments of the words it wrote to the CTM (frames of 40 ms, 25 in 1 s): A@0 reaches
+    # B's start (3); B@3 with "." reaches 14 (10 frames past its last timed piece); C@20 reaches the end (25)
+    table = {1: "\u2581A", 2: "\u2581B", 3: "\u2581C", 4: "."}
+    ctm = CtmCollector(table.__getitem__, durations={"u": 1.0})
+    ctm(["u"], [type("R", (), {"tokens": (1, 2, 4, 3), "frames": (0, 3, 4, 20), "durations": None})()])
+    assert ctm.write_segments(tmp_path / "s.txt").read_text() == "u 0.00 0.56 A B.\nu 0.80 1.00 C\n"
