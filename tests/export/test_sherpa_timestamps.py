@@ -2,8 +2,8 @@
 --segments`` writes from sherpa-onnx's token times (its recognisers' ``timestamps``), checked for form (one line per
 recognised word, in the recognised text's order, times ordered and inside the audio) and against the word starts of
 asrprec's own greedy search on the PyTorch model's encoder frames (offline, and streaming as sherpa-onnx streams: the
-audio, then tail padding, whole chunks only). sherpa-onnx runs in a child process (a model it rejects ends the
-process)."""
+audio, then tail padding, whole chunks only), and of its CTC greedy search for a CTC head. sherpa-onnx runs in a child
+process (a model it rejects ends the process)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_timed_tokens_give_word_spans_and_refuse_missing_times():
         TimedTokens([5, 6], ["\u2581HI", "\u2581THE"], []).words(1.0)
 
 
-def _sherpa_files(model_dir, waves, tmp_path, streaming):
+def _sherpa_files(model_dir, waves, tmp_path, streaming, ctc=False):
     """``(ids, ctm, segments)`` of the child process: ``{utt: token ids}``, ``{utt: [(start, duration, word)]}`` and
     ``{utt: [(start, end, text)]}``."""
     np.savez(tmp_path / "waves.npz", **{f"u{i}": w for i, w in enumerate(waves)})
@@ -47,6 +47,7 @@ def _sherpa_files(model_dir, waves, tmp_path, streaming):
            str(tmp_path / "waves.npz"), "--out", str(tmp_path / "out.json"), "--batch", "2",
            "--ctm", str(tmp_path / "ctm.txt"), "--segments", str(tmp_path / "segments.txt")]
     cmd += ["--streaming"] if streaming else []
+    cmd += ["--ctc"] if ctc else []
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     ctm, segments = {}, {}
@@ -80,15 +81,11 @@ def _asrprec_frames(model, exported, wave, fbank, streaming):
     return tokens[0], frames[0]
 
 
-@pytest.mark.export
-@pytest.mark.usefixtures("_needs_sherpa")
-@pytest.mark.parametrize("kind", ["zipformer", "conformer", "causal"])
-def test_sherpa_onnx_ctm_has_the_recognised_words_at_asrprec_greedy_search_times(exported, models, waves, fbank,
-                                                                                 tokenizer, kind, tmp_path):
+def _check_ctm(ids, ctm, segments, waves, tokenizer, asrprec_frames):
+    """Checks the child's files on every utterance; ``asrprec_frames(i)``: asrprec's token ids and encoder frames of
+    waveform i."""
     from asrprec.decoding.timestamps import FRAME_SHIFT_S, words_from_token_times
 
-    streaming = kind == "causal"
-    ids, ctm, segments = _sherpa_files(exported[kind].encoder.parent, waves, tmp_path, streaming)
     total = 0
     for i, wave in enumerate(waves):
         utt, duration = f"u{i}", len(wave) / SAMPLE_RATE
@@ -110,10 +107,10 @@ def test_sherpa_onnx_ctm_has_the_recognised_words_at_asrprec_greedy_search_times
             assert start == pytest.approx(first[0], abs=ROUND_S)
             assert end == pytest.approx(last[0] + last[1], abs=2 * ROUND_S)
             k += n
-        # asrprec's greedy search on the PyTorch model: the same tokens, and each word starting within one encoder
-        # frame of sherpa-onnx's (both time a token by the frame that emits it, x 40 ms), the frames taken to words
-        # by the same rules (a token emitted in the tail padding on the audio's last frame)
-        tokens, frames = _asrprec_frames(models[kind], exported[kind], wave, fbank, streaming)
+        # asrprec's search on the PyTorch model: the same tokens, and each word starting within one encoder frame of
+        # sherpa-onnx's (both time a token by the frame that emits it, x 40 ms), the frames taken to words by the
+        # same rules (a token emitted in a streaming decode's tail padding on the audio's last frame)
+        tokens, frames = asrprec_frames(i)
         assert tokens == ids[utt], utt
         mine = words_from_token_times([tokenizer.id_to_piece(t) for t in tokens], [f * FRAME_SHIFT_S for f in frames],
                                       duration)
@@ -121,3 +118,59 @@ def test_sherpa_onnx_ctm_has_the_recognised_words_at_asrprec_greedy_search_times
         for (start, _, word), span in zip(rows, mine):
             assert abs(start - span.start) <= FRAME_S + ROUND_S, (utt, word, start, span)
     assert total >= 2 * len(waves), ids  # enough words that the checks above mean something
+
+
+@pytest.mark.export
+@pytest.mark.usefixtures("_needs_sherpa")
+@pytest.mark.parametrize("kind", ["zipformer", "conformer", "causal"])
+def test_sherpa_onnx_ctm_has_the_recognised_words_at_asrprec_greedy_search_times(exported, models, waves, fbank,
+                                                                                 tokenizer, kind, tmp_path):
+    streaming = kind == "causal"
+    ids, ctm, segments = _sherpa_files(exported[kind].encoder.parent, waves, tmp_path, streaming)
+    _check_ctm(ids, ctm, segments, waves, tokenizer,
+               lambda i: _asrprec_frames(models[kind], exported[kind], waves[i], fbank, streaming))
+
+
+@torch.no_grad()
+def _decisive_ctc_model(feats, seed=3):
+    """A tiny Zipformer with a CTC head whose argmax varies over this speech, built as test_ctc.py builds its models:
+    the encoder's residual branches scaled up, the head reading the encoder output's deviation from its mean, the blank
+    bias at the median margin of the best non-blank (about half of the frames blank)."""
+    from asrprec.models import build_transducer
+
+    torch.manual_seed(seed)
+    model = build_transducer(encoder="zipformer", size="tiny", vocab_size=64, ctc={}).eval()
+    for name, p in model.encoder.named_parameters():
+        if name.endswith(("out_proj.weight", "pointwise_conv2.weight")):
+            p.add_(torch.randn(p.shape) * (p.std() * 5 + 0.05))
+    enc = torch.cat([model.encode(f[None], torch.tensor([f.shape[0]]))[0][0] for f in feats])  # (frames, D_enc)
+    lin = model.ctc_output[1]
+    lin.weight.copy_(torch.randn(lin.weight.shape) * 4.0 / enc.shape[1] ** 0.5 / enc.std(dim=0))
+    lin.bias.copy_(-(lin.weight @ enc.mean(dim=0)))
+    logits = torch.nn.functional.linear(enc, lin.weight, lin.bias)
+    lin.bias[0] = (logits[:, 1:].max(dim=1).values - logits[:, 0]).median()
+    return model
+
+
+@pytest.mark.export
+@pytest.mark.usefixtures("_needs_sherpa")
+def test_sherpa_onnx_ctc_ctm_has_the_words_at_asrprec_ctc_greedy_search_times(waves, fbank, tokenizer, tmp_path):
+    """sherpa-onnx's zipformer CTC recogniser times a token by the first frame of its run, as asrprec's
+    ctc_greedy_search(return_timestamps=True) does (k2-fsa/sherpa-onnx
+    sherpa-onnx/csrc/offline-ctc-greedy-search-decoder.cc)."""
+    pytest.importorskip("onnxruntime")
+    from asrprec.decoding import ctc_greedy_search
+    from asrprec.export import export_ctc_offline
+
+    feats = [fbank(w) for w in waves]
+    model = _decisive_ctc_model(feats)
+    folder = export_ctc_offline(model, tokenizer, tmp_path / "onnx").model.parent
+    ids, ctm, segments = _sherpa_files(folder, waves, tmp_path, streaming=False, ctc=True)
+
+    def asrprec_frames(i):
+        with torch.no_grad():
+            enc, lens = model.encode(feats[i][None], torch.tensor([feats[i].shape[0]]))
+            tokens, frames = ctc_greedy_search(model.ctc_log_probs(enc), lens, return_timestamps=True)
+        return tokens[0], frames[0]
+
+    _check_ctm(ids, ctm, segments, waves, tokenizer, asrprec_frames)
