@@ -33,7 +33,7 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--avg", type=int, default=3)
     p.add_argument("--data-dir", type=Path, required=True, help="the recipe's data folder (corpus.json, bpe.model)")
     p.add_argument("--work-dir", type=Path, required=True, help="where the aligned test split is synthesised")
-    p.add_argument("--split", default="test", choices=("dev", "test"))
+    p.add_argument("--split", default="test", choices=("dev", "test", "test-fast"))
     p.add_argument("--seed", type=int, default=None,
                    help="synthesise the split of another corpus seed (other texts and voices; default: the recipe's)")
     p.add_argument("--max-utts", type=int, default=0, help="decode only the first N utterances (0 = all)")
@@ -47,21 +47,19 @@ def get_parser() -> argparse.ArgumentParser:
 
 def aligned_split(data_dir: Path, work_dir: Path, split: str, seed: int | None = None):
     """The split's cuts, synthesised again with word alignments (same configuration, same audio; or ``seed``'s)."""
-    from asrprec.data.synthetic import generate_corpus
+    from asrprec.data.synthetic import SPLITS, generate_corpus
 
     cfg = json.loads((data_dir / "corpus.json").read_text())
     if seed is not None:
         cfg["seed"] = seed
-    counts = {s: (cfg[f"num_{s}"] if s == split else 0) for s in ("train", "dev", "test")}
-    options = {k: v for k, v in cfg.items() if k not in ("num_train", "num_dev", "num_test", "version")}
-    options["snr_db"] = tuple(options["snr_db"]) if options.get("snr_db") else None
-    options["rate_wpm"] = tuple(options["rate_wpm"])
-    options["rt60_s"] = tuple(options["rt60_s"])
-    before = cfg["num_train"] + (cfg["num_dev"] if split == "test" else 0)  # utterances before the split
+    counts = {f"num_{s.replace('-', '_')}": (cfg.get(f"num_{s.replace('-', '_')}", 0) if s == split else 0)
+              for s in SPLITS}
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()
+               if k not in counts and k != "version"}
+    before = sum(cfg.get(f"num_{s.replace('-', '_')}", 0) for s in SPLITS[: SPLITS.index(split)])
     if before % cfg["shard_size"]:  # espeak's output depends on what its process spoke before (shards)
         print("note: the split does not start on a shard boundary of the recipe's corpus; its audio may differ")
-    cuts = generate_corpus(work_dir, num_train=counts["train"], num_dev=counts["dev"], num_test=counts["test"],
-                           num_workers=1, **options)[split]
+    cuts = generate_corpus(work_dir, num_workers=1, **counts, **options)[split]
     stored = [(data_dir / "audio" / split / f"{c.id}.flac", Path(c.recording.sources[0].source)) for c in list(cuts)[:5]]
     same = [a for a, b in stored if a.is_file() and a.read_bytes() == b.read_bytes()]
     print(f"audio identical to the recipe's {split} split: {len(same)} of the first 5 files")

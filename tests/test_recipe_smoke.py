@@ -36,7 +36,7 @@ def test_train_help_lists_the_four_policies():
 def test_recipe_smoke(tmp_path, precision, recogs_wer):
     data, exp = tmp_path / "data", tmp_path / "exp"
     run(RECIPE / "prepare.py", "--data-dir", data, "--num-train", 40, "--num-dev", 8, "--num-test", 8,
-        "--num-test-fast", 4, "--vocab-size", 40)
+        "--num-test-fast", 4, "--num-test-names", 0, "--vocab-size", 40)
     assert (data / "bpe.model").is_file()
     # the Conformer here (the model.json check below is written for its preset); the default Zipformer runs in the
     # slow test below and in run.sh
@@ -94,7 +94,7 @@ def test_causal_zipformer_streams(tmp_path):
     equality of the two, with tokens emitted, is tests/decoding/test_streaming.py.)"""
     data, exp = tmp_path / "data", tmp_path / "exp"
     run(RECIPE / "prepare.py", "--data-dir", data, "--num-train", 24, "--num-dev", 4, "--num-test", 8,
-        "--num-test-fast", 0, "--vocab-size", 40)
+        "--num-test-fast", 0, "--num-test-names", 0, "--vocab-size", 40)
     run(RECIPE / "train.py", "--data-dir", data, "--exp-dir", exp, "--num-epochs", 1,
         "--train.max_batches_per_epoch", 2, "--max-duration", 20, "--train.progress_bar", "false",
         "--encoder", "zipformer", "--causal")

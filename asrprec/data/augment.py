@@ -1,11 +1,15 @@
-"""Waveform augmentation for the synthetic corpus: additive noise at an SNR and simple reverberation.
+"""Waveform augmentation for the synthetic corpus: additive noise at an SNR and simple reverberation; and tempo
+perturbation of fbank frames for training.
 
-Plain numpy on 1-D float signals, every random choice drawn from a caller-supplied
-``numpy.random.Generator`` so a corpus stays deterministic for its seed. Feature-level
-augmentation (SpecAugment) lives in :mod:`asrprec.data.datamodule` and uses lhotse's.
+The waveform functions are plain numpy on 1-D float signals, every random choice drawn from a caller-supplied
+``numpy.random.Generator`` so a corpus stays deterministic for its seed. :func:`change_tempo` works on a torch
+tensor of fbank frames (torch is imported there only: the corpus' synthesis workers import numpy alone).
+SpecAugment lives in :mod:`asrprec.data.datamodule` and uses lhotse's.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -73,3 +77,37 @@ def reverberate(x: np.ndarray, rir: np.ndarray) -> np.ndarray:
     y = np.fft.irfft(np.fft.rfft(x, nfft) * np.fft.rfft(rir, nfft), nfft)[: len(x)]
     py = _power(y)
     return y * np.sqrt(_power(x) / py) if py > 0 else y
+
+
+#: the fewest fbank frames (10 ms) per word :func:`tempo_factor` leaves: 80 ms, two 40 ms encoder frames
+MIN_FRAMES_PER_WORD = 8
+
+
+def change_tempo(features: Any, factor: float) -> Any:
+    """Speech ``factor`` times faster, in the fbank domain: (T, F) frames -> (max(1, round(T / factor)), F).
+
+    Each output frame is the linear interpolation of the input frames at its time (first and last frames kept):
+    the frames keep their spectra, so pitch and formants stay, as with sox's ``tempo`` effect (WSOLA) on the
+    audio; only their number changes. ``factor`` > 1 is faster, < 1 slower; 1 returns ``features`` unchanged.
+    """
+    import torch
+
+    if factor <= 0:
+        raise ValueError(f"factor must be > 0, got {factor}")
+    n = features.shape[0]
+    m = max(1, round(n / factor))
+    if m == n:
+        return features
+    x = features.t().unsqueeze(0).float()  # (1, F, T)
+    out = torch.nn.functional.interpolate(x, size=m, mode="linear", align_corners=True)
+    return out[0].t().to(features.dtype)
+
+
+def tempo_factor(rng: Any, low: float, high: float, num_frames: int, num_words: int) -> float:
+    """A factor drawn uniformly from [``low``, ``high``] (``rng``: Python's ``random`` module or a
+    ``random.Random``), lowered if needed (never below 1) so that at least :data:`MIN_FRAMES_PER_WORD` frames per
+    word remain: a CTC head needs a frame per token."""
+    factor = rng.uniform(low, high)
+    if factor > 1.0:
+        factor = min(factor, max(1.0, num_frames / (MIN_FRAMES_PER_WORD * max(1, num_words))))
+    return factor

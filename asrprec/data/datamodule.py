@@ -94,6 +94,8 @@ class DataConfig:
     on_the_fly_feats: bool = option(False, help="compute fbank from the audio instead of reading features")
     spec_augment: bool = option(True, help="apply SpecAugment to the training batches")
     spec_augment_config: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
+    tempo_range: tuple[float, float] | None = option(
+        None, metavar="LOW,HIGH", help="training: each utterance sped up by a factor drawn from [LOW, HIGH] (fbank)")
     num_workers: int = option(0, help="dataloader worker processes")
     seed: int = 0
     min_cut_s: float = 0.5
@@ -122,6 +124,10 @@ class DataConfig:
                 raise ValueError(f"{name} must be >= 1 (or None for lhotse's default), got {getattr(self, name)}")
         if self.max_duration <= 0:
             raise ValueError(f"max_duration must be > 0 seconds, got {self.max_duration}")
+        if self.tempo_range is not None:
+            self.tempo_range = tuple(self.tempo_range)
+            if len(self.tempo_range) != 2 or not 0 < self.tempo_range[0] <= self.tempo_range[1]:
+                raise ValueError(f"tempo_range must be (low, high) with 0 < low <= high, got {self.tempo_range}")
         if self.num_buckets < 1:
             raise ValueError(f"num_buckets must be >= 1, got {self.num_buckets}")
         if self.num_workers < 0:
@@ -155,10 +161,12 @@ class AsrDataset(torch.utils.data.Dataset):
 
     def __init__(self, *, on_the_fly_feats: bool, spec_augment: Any | None = None, num_mel_bins: int = 80,
                  seed: int = 0, drop_empty_transcripts: bool = True,
-                 cut_transforms: Sequence[Callable[[Any], Any]] = ()) -> None:
+                 cut_transforms: Sequence[Callable[[Any], Any]] = (),
+                 tempo_range: tuple[float, float] | None = None) -> None:
         super().__init__()
         self.drop_empty_transcripts = drop_empty_transcripts
         self.spec_augment = spec_augment
+        self.tempo_range = tempo_range  # asrprec.data.augment.change_tempo, before SpecAugment
         # CutSet -> CutSet transforms applied before features are read (lhotse CutMix: noise mixing)
         self.cut_transforms = list(cut_transforms)
         self.num_mel_bins = num_mel_bins
@@ -250,21 +258,31 @@ class AsrDataset(torch.utils.data.Dataset):
         if not bool(finite.all()):
             features, feature_lens, cuts = self._without_nonfinite(features, feature_lens, cuts, finite, dropped)
         cut_ids = [c.id for c in cuts]
+        texts = [" ".join((s.text or "").strip() for s in c.supervisions).strip() for c in cuts]
+        if self.tempo_range is not None and cut_ids:
+            with seeded_rng(seed_from(self.seed, self.epoch, "tempo", *sorted(cut_ids))):
+                features, feature_lens = _tempo_perturbed(features, feature_lens, texts, self.tempo_range)
         if self.spec_augment is not None and cut_ids:
             # row by row on the valid frames only: lhotse's batch call masks (and takes the mask value's
             # mean over) the padded matrix, padding included
             with seeded_rng(seed_from(self.seed, self.epoch, *sorted(cut_ids))):
                 for i, n in enumerate(feature_lens.tolist()):
                     features[i, :n] = self.spec_augment(features[i : i + 1, :n])[0]
-        batch = {
-            "features": features,
-            "feature_lens": feature_lens,
-            "texts": [" ".join((s.text or "").strip() for s in c.supervisions).strip() for c in cuts],
-            "cut_ids": cut_ids,
-        }
+        batch = {"features": features, "feature_lens": feature_lens, "texts": texts, "cut_ids": cut_ids}
         if dropped:
             batch["dropped_cuts"] = dropped
         return batch
+
+
+def _tempo_perturbed(features: torch.Tensor, feature_lens: torch.Tensor, texts: Sequence[str],
+                     tempo_range: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's valid frames through :func:`asrprec.data.augment.change_tempo` with its own factor, re-padded."""
+    from asrprec.data.augment import change_tempo, tempo_factor
+
+    rows = [change_tempo(features[i, :n], tempo_factor(random, *tempo_range, n, len(text.split())))
+            for i, (n, text) in enumerate(zip(feature_lens.tolist(), texts))]
+    lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens
 
 
 def _bucketing_sampler(cuts: Any, *, num_buckets: int, buffer_size: int | None = None,
@@ -447,6 +465,8 @@ def describe_augmentation(config: DataConfig, cuts: Any | None = None) -> str:
                      f"{s.features_mask_size} bins, {warp}")
     else:
         parts.append("SpecAugment off")
+    if config.tempo_range is not None:
+        parts.append(f"tempo x{config.tempo_range[0]:g}-{config.tempo_range[1]:g} (fbank frames resampled)")
     if cuts is not None:
         factors = _speed_perturbed_ids(cuts)
         parts.append(f"speed perturbation present (factors {', '.join(factors)} in the first cut ids)" if factors
@@ -544,6 +564,7 @@ class AsrDataModule:
             cut_transforms=[noise_mix_transform(c.noise_mix, on_the_fly_feats=c.on_the_fly_feats)]
             if c.noise_mix else (),
             seed=c.seed,
+            tempo_range=c.tempo_range,
         )
         loader = self._loader(dataset, sampler, seed=c.seed)
         # the training loop gives each epoch's total (asrprec.training.skips.dropped_cut_totals), and says why an

@@ -15,6 +15,8 @@ speakers differ by accent, variant, vocal-tract length, pitch, range and rate.
   ``test-fast`` split's speakers (voices of their own) draw theirs from ``fast_rate_wpm``, so that every one
   of its utterances is faster than any other split's (checked by :class:`CorpusConfig`). Each utterance then
   varies its speaker's rate by ``rate_jitter``.
+* ``test-names`` (the test voices, drawn anew): sentences of which about half (``name_prob``) begin with a name
+  from :data:`NAMES`, words no other split says, for measuring hot-phrase boosting on words a model never heard.
 * Audio: espeak's 22,050 Hz resampled to 16 kHz (:mod:`asrprec.data.resample`), levelled to a
   random loudness, optionally reverberated (synthetic exponential RIR) and noised at an SNR
   (:mod:`asrprec.data.augment`); written as 16-bit FLAC.
@@ -60,7 +62,7 @@ from asrprec.data.espeak import ESPEAK_SAMPLE_RATE
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
-SPLITS = ("train", "dev", "test", "test-fast")
+SPLITS = ("train", "dev", "test", "test-fast", "test-names")
 CORPUS_VERSION = 2  # bump when the generator changes what a given config produces
 VTL_STEP_HZ = 50  # the vocal-tract warp is quantised to 50 Hz steps of the source rate (a short polyphase filter)
 
@@ -72,6 +74,8 @@ NOUNS = ("CAT", "DOG", "BIRD", "FISH", "BOX", "CAR", "BALL", "HOUSE", "TREE", "B
 VERBS = ("SEES", "FINDS", "LIKES", "WANTS", "TAKES", "HOLDS", "PUSHES", "MOVES")
 ADVERBS = ("NOW", "TODAY", "QUICKLY", "SLOWLY", "AGAIN")
 WORDS = DIGITS + DETERMINERS + ("AN",) + ADJECTIVES + NOUNS + VERBS + ADVERBS
+# Names no other split says: the test-names split puts one in about half its sentences (hot-phrase boosting's test).
+NAMES = ("ALICE", "OSCAR", "MARTHA", "VICTOR", "HELEN", "RUPERT")
 
 ACCENTS = ("en-us", "en", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-029", "en-us-nyc")
 VARIANTS = (
@@ -90,6 +94,8 @@ class CorpusConfig:
     num_dev: int = 200
     num_test: int = 200
     num_test_fast: int = 0
+    num_test_names: int = 0
+    name_prob: float = 0.5  # share of test-names sentences that hold a name
     seed: int = 0
     num_dev_speakers: int = 20
     num_test_speakers: int = 20
@@ -109,7 +115,7 @@ class CorpusConfig:
     version: int = CORPUS_VERSION
 
     def __post_init__(self) -> None:
-        for name in ("num_train", "num_dev", "num_test", "num_test_fast"):
+        for name in ("num_train", "num_dev", "num_test", "num_test_fast", "num_test_names"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.shard_size < 1:
@@ -138,7 +144,7 @@ class CorpusConfig:
             raise ValueError(f"vtl_range must be a (low, high) pair within [0.5, 2], got {self.vtl_range}")
         if self.snr_db is not None and (len(self.snr_db) != 2 or self.snr_db[0] > self.snr_db[1]):
             raise ValueError(f"snr_db must be None or a (low, high) pair with low <= high, got {self.snr_db}")
-        for name in ("digit_prob", "noise_prob", "reverb_prob"):
+        for name in ("digit_prob", "noise_prob", "reverb_prob", "name_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if not 1 <= self.min_digits <= self.max_digits:
@@ -153,8 +159,16 @@ class CorpusConfig:
 # Plan: every random decision, made in the parent from the seed
 
 
-def random_text(rng: np.random.Generator, cfg: CorpusConfig) -> str:
-    """One transcript (upper-case words from :data:`WORDS`)."""
+def random_text(rng: np.random.Generator, cfg: CorpusConfig, *, names: bool = False) -> str:
+    """One transcript (upper-case words from :data:`WORDS`; with ``names``, a sentence whose first noun phrase is
+    one of :data:`NAMES` with probability ``cfg.name_prob``)."""
+    if names:
+        text = random_text(rng, dataclasses.replace(cfg, digit_prob=0.0))
+        if rng.random() < cfg.name_prob:
+            words = text.split()
+            verb = next(i for i, w in enumerate(words) if w in VERBS)
+            text = " ".join([NAMES[rng.integers(len(NAMES))]] + words[verb:])
+        return text
     if rng.random() < cfg.digit_prob:
         n = int(rng.integers(cfg.min_digits, cfg.max_digits + 1))
         return " ".join(DIGITS[i] for i in rng.integers(0, 10, n))
@@ -180,7 +194,7 @@ def speaker_split(seed: int, num_dev: int, num_test: int, num_test_fast: int = 0
     voices = [voices[i] for i in order]
     ends = np.cumsum([num_dev, num_test, num_test_fast])
     return {"dev": voices[: ends[0]], "test": voices[ends[0] : ends[1]], "test-fast": voices[ends[1] : ends[2]],
-            "train": voices[ends[2] :]}
+            "test-names": voices[ends[0] : ends[1]], "train": voices[ends[2] :]}
 
 
 def _speaker_id(voice: str) -> str:
@@ -202,7 +216,8 @@ def plan_corpus(cfg: CorpusConfig) -> list[dict[str, Any]]:
             source_hz = ESPEAK_SAMPLE_RATE + VTL_STEP_HZ * int(rng.integers(vtl_steps[0], vtl_steps[1] + 1))
             speaker[v] = (source_hz, int(rng.integers(25, 76)), int(rng.integers(25, 81)),
                           int(rng.integers(rate_range[0], rate_range[1] + 1)))
-        num = {"train": cfg.num_train, "dev": cfg.num_dev, "test": cfg.num_test, "test-fast": cfg.num_test_fast}[split]
+        num = {"train": cfg.num_train, "dev": cfg.num_dev, "test": cfg.num_test, "test-fast": cfg.num_test_fast,
+               "test-names": cfg.num_test_names}[split]
         for i in range(num):
             voice = voices[int(rng.integers(len(voices)))]
             source_hz, pitch, prange, rate = speaker[voice]
@@ -213,7 +228,7 @@ def plan_corpus(cfg: CorpusConfig) -> list[dict[str, Any]]:
                 "split": split,
                 "speaker": speaker_id,
                 "voice": voice,
-                "text": random_text(rng, cfg),
+                "text": random_text(rng, cfg, names=split == "test-names"),
                 "rate": rate,  # as heard
                 "source_hz": source_hz,  # espeak's output is played as if recorded at this rate
                 "espeak_rate": max(80, int(round(rate * ESPEAK_SAMPLE_RATE / source_hz))),
@@ -439,6 +454,7 @@ def generate_corpus(
     num_dev: int = 200,
     num_test: int = 200,
     num_test_fast: int = 0,
+    num_test_names: int = 0,
     seed: int = 0,
     num_workers: int = 2,
     snr_db: tuple[float, float] | None = None,
@@ -446,8 +462,8 @@ def generate_corpus(
     force: bool = False,
     **options: Any,
 ) -> dict:
-    """Synthesise the corpus into ``out_dir`` and return ``{split: CutSet}`` for :data:`SPLITS` (``test-fast`` is
-    empty unless ``num_test_fast``).
+    """Synthesise the corpus into ``out_dir`` and return ``{split: CutSet}`` for :data:`SPLITS` (``test-fast`` and
+    ``test-names`` are empty unless ``num_test_fast`` / ``num_test_names``).
 
     Writes ``audio/<split>/<id>.flac`` (16 kHz, 16-bit), ``espeak_{recordings,supervisions,cuts}_<split>.jsonl.gz``
     and ``corpus.json`` (the configuration, written last). If ``corpus.json`` already records the same
@@ -463,8 +479,8 @@ def generate_corpus(
     if snr_db is not None:
         snr_db = (float(snr_db[0]), float(snr_db[1]))
     cfg = CorpusConfig(
-        num_train=num_train, num_dev=num_dev, num_test=num_test, num_test_fast=num_test_fast, seed=seed, snr_db=snr_db,
-        reverb_prob=reverb_prob, **options
+        num_train=num_train, num_dev=num_dev, num_test=num_test, num_test_fast=num_test_fast,
+        num_test_names=num_test_names, seed=seed, snr_db=snr_db, reverb_prob=reverb_prob, **options
     )
     out_dir = Path(out_dir)
     marker = out_dir / "corpus.json"

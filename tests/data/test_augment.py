@@ -48,3 +48,33 @@ def test_reverberate_keeps_length_and_power():
     h = np.array([1.0, 0.5, 0.25])
     out = reverberate(impulse, h)
     np.testing.assert_allclose(out[:3] / out[0], h, atol=1e-12)  # convolution with a delta gives the RIR
+
+
+def test_change_tempo_resamples_frames_linearly():
+    import torch
+
+    from asrprec.data.augment import change_tempo
+
+    # a frame index ramp: linear interpolation must give the ramp sampled at the new times, by hand
+    x = torch.arange(10.0)[:, None].repeat(1, 3)  # (T=10, F=3)
+    faster = change_tempo(x, 2.0)  # 5 frames at input times 0, 9/4, 9/2, 27/4, 9
+    assert faster.shape == (5, 3) and torch.allclose(faster[:, 1], torch.tensor([0.0, 2.25, 4.5, 6.75, 9.0]))
+    assert change_tempo(x, 0.5).shape == (20, 3) and change_tempo(x, 1.0) is x
+    spectra = torch.randn(1, 80).repeat(50, 1)  # a steady spectrum stays that spectrum, only shorter
+    assert torch.allclose(change_tempo(spectra, 1.3), spectra[: round(50 / 1.3)], atol=1e-6)
+    with pytest.raises(ValueError, match="factor"):
+        change_tempo(x, 0.0)
+
+
+def test_tempo_factor_is_uniform_and_keeps_frames_for_every_word():
+    import random
+
+    from asrprec.data.augment import MIN_FRAMES_PER_WORD, tempo_factor
+
+    rng = random.Random(0)
+    draws = [tempo_factor(rng, 0.9, 1.6, 1000, 3) for _ in range(4000)]
+    assert 0.9 <= min(draws) < 0.92 and 1.58 < max(draws) <= 1.6 and abs(np.mean(draws) - 1.25) < 0.02
+    # 100 frames and 10 words: at most 100 / (8 x 10) = 1.25, never slowed below 1 by the cap
+    capped = [tempo_factor(rng, 1.0, 1.6, 100, 10) for _ in range(200)]
+    assert max(capped) == pytest.approx(100 / (MIN_FRAMES_PER_WORD * 10)) and min(capped) >= 1.0
+    assert tempo_factor(rng, 1.5, 1.6, 40, 10) == 1.0  # already too short: left as it is

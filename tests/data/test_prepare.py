@@ -14,13 +14,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_prepare_script_runs_and_is_idempotent(tmp_path):
     cmd = [
         sys.executable, str(ROOT / "recipes" / "espeak" / "prepare.py"), "--data-dir", str(tmp_path),
-        "--num-train", "16", "--num-dev", "2", "--num-test", "2", "--num-test-fast", "2",
+        "--num-train", "16", "--num-dev", "2", "--num-test", "2", "--num-test-fast", "2", "--num-test-names", "2",
         "--vocab-size", "40", "--num-workers", "1",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
-    for split in ("train", "dev", "test", "test-fast"):
+    for split in ("train", "dev", "test", "test-fast", "test-names"):
         assert (tmp_path / f"espeak_cuts_{split}_fbank.jsonl.gz").is_file()
     assert (tmp_path / "bpe.model").is_file()
     second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

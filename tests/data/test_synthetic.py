@@ -48,7 +48,7 @@ def test_manifests_are_valid_16k_with_sensible_durations(tiny_corpus):
     from lhotse.qa import validate
 
     out, cuts = tiny_corpus
-    assert {k: len(v) for k, v in cuts.items()} == {"train": 12, "dev": 4, "test": 4, "test-fast": 2}
+    assert {k: len(v) for k, v in cuts.items()} == {"train": 12, "dev": 4, "test": 4, "test-fast": 2, "test-names": 0}
     for split, split_cuts in cuts.items():
         validate(split_cuts, read_data=True)
         for cut in split_cuts:
@@ -74,6 +74,7 @@ def test_speakers_disjoint_between_splits(tiny_corpus):
         assert not (voices[a] & voices[b]), (a, b)
     # and for the default configuration's full voice lists
     split = speaker_split(0, 20, 20, 20)
+    assert split.pop("test-names") == split["test"]  # the names are said by the test voices
     sets = {k: set(v) for k, v in split.items()}
     assert {k: len(v) for k, v in sets.items() if k != "train"} == {"dev": 20, "test": 20, "test-fast": 20}
     for a, b in itertools.combinations(sets, 2):
@@ -110,6 +111,18 @@ def test_test_fast_is_faster_than_every_other_utterance():
         assert abs(s["espeak_rate"] * alpha - s["rate"]) <= alpha
     with pytest.raises(ValueError, match="test-fast must be faster"):
         CorpusConfig(rate_wpm=(120, 300))
+
+
+def test_names_are_said_only_in_test_names():
+    plan = plan_corpus(CorpusConfig(num_train=3000, num_dev=200, num_test=400, num_test_fast=200, num_test_names=400))
+    named = [s for s in plan if s["split"] == "test-names"]
+    with_name = [s for s in named if s["text"].split()[0] in synthetic.NAMES]
+    assert len(named) == 400 and 0.4 < len(with_name) / len(named) < 0.6
+    for s in with_name:  # a name, then a verb phrase of the grammar
+        assert s["text"].split()[1] in synthetic.VERBS and set(s["text"].split()[1:]) <= set(WORDS)
+    assert not any(set(s["text"].split()) & set(synthetic.NAMES) for s in plan if s["split"] != "test-names")
+    assert not set(synthetic.NAMES) & set(WORDS)
+    assert {s["voice"] for s in named} <= {s["voice"] for s in plan if s["split"] == "test"}
 
 
 @needs_espeak

@@ -94,6 +94,8 @@ def waves():
     from asrprec.data.synthetic import CorpusConfig, plan_corpus, render_utterance
 
     specs = plan_corpus(CorpusConfig(num_train=0, num_dev=0, num_test=5, seed=7))
+    # unwarped voices at a moderate rate: long enough for the untrained models' tests to emit varied tokens
+    specs = [{**s, "source_hz": 22050, "espeak_rate": 160} for s in specs]
     return [np.round(render_utterance(s) * 32767.0).astype(np.float32) / 32767.0 for s in specs]
 
 
