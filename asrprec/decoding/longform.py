@@ -8,6 +8,13 @@ in at least the chunk that owns it (words shorter than ``overlap_seconds / 2``) 
 edge has its centre beyond the boundary and is dropped from that chunk. Chunk starts are whole encoder frames (4 fbank
 frames), so every chunk's frames lie on the recording's 40 ms grid (:mod:`asrprec.decoding.timestamps`).
 
+A chunk's spans only decide which words it keeps: no span inside one chunk sees the words kept from the next, so a
+word kept from one chunk may end after a word kept from the next starts, or even start after it (a long word of the
+next chunk can start before the boundary and still be centred beyond it). The kept words' own token times (ends cut
+at their chunk's last frame) therefore get the rules that look at the next word once more, over the whole recording
+(:func:`~asrprec.decoding.timestamps.finish_words`): the words come out ordered by start, none ending after the next
+starts, all inside the recording, whatever tokens and frames a model emits.
+
 Defaults suit the offline Zipformer, whose attention spans the whole chunk: 20 s chunks, the longest cut icefall's
 LibriSpeech recipes train it on (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, ``remove_short_and_long_utt``:
 1-20 s), so a chunk is never longer than what the model has seen, with 4 s of overlap, so each kept word has at least
@@ -29,7 +36,9 @@ from asrprec.config import option
 
 from ._common import model_device
 from .api import DecodingOptions, Searcher
-from .timestamps import FEATURE_SHIFT_S, SUBSAMPLING_FACTOR, WordSpan, words_from_ids
+from .timestamps import (
+    EXTEND_FRAMES, FEATURE_SHIFT_S, SUBSAMPLING_FACTOR, TokenWord, WordSpan, finish_words, token_words,
+)
 
 __all__ = ["Chunk", "LongFormOptions", "decode_long", "decode_long_cuts", "plan_chunks"]
 
@@ -142,7 +151,8 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
         options: the chunking. search: the decoding method (default greedy search), any method the model has a
             head for (:class:`~asrprec.decoding.api.Searcher`).
     Returns:
-        The recording's :class:`~asrprec.decoding.timestamps.WordSpan` in order (seconds from its start).
+        The recording's :class:`~asrprec.decoding.timestamps.WordSpan` (seconds from its start) ordered by start,
+        none ending after the next starts, all inside the recording (module docstring).
     """
     options = options or LongFormOptions()
     search = search or DecodingOptions()
@@ -151,7 +161,8 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
     device = model_device(model)
     searcher = Searcher(model, search)  # refuses a method the model has no head for, before any audio is read
     min_frames = int(getattr(model, "min_input_frames", 1))
-    words: list[WordSpan] = []
+    kept: list[TokenWord] = []  # in recording frames
+    extend, num_out = 0, 0
     for i in range(0, len(chunks), options.chunks_per_batch):
         batch = [c for c in chunks[i: i + options.chunks_per_batch] if c.end - c.start >= min_frames]
         if not batch:
@@ -161,11 +172,16 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
         encoder_out, encoder_out_lens = model.encode(x, x_lens)
         found = searcher(encoder_out, encoder_out_lens, return_timestamps=True)
         for c, r, n in zip(batch, found, encoder_out_lens.tolist()):
-            for w in words_from_ids(tokenizer.id_to_piece, r.tokens, r.frames, r.durations, num_frames=n,
-                                    offset=c.start * FEATURE_SHIFT_S):
-                if c.own_start <= w.centre < c.own_end:
-                    words.append(w)
-    return words
+            extend = EXTEND_FRAMES if r.durations is None else 0  # word_spans' default
+            shift = c.start // SUBSAMPLING_FACTOR
+            num_out = max(num_out, shift + n)
+            own = token_words([tokenizer.id_to_piece(int(t)) for t in r.tokens], r.frames, r.durations)
+            # token_words gives words in order of start, so finish_words keeps them aligned with their spans
+            spans = finish_words(own, num_frames=n, offset=c.start * FEATURE_SHIFT_S, extend_frames=extend)
+            kept += [w.shifted(shift, limit=n) for w, s in zip(own, spans) if c.own_start <= s.centre < c.own_end]
+    end_s = feats.num_frames * FEATURE_SHIFT_S
+    return [WordSpan(w.word, min(w.start, end_s), min(w.end, end_s))
+            for w in finish_words(kept, num_frames=num_out, extend_frames=extend)]
 
 
 def decode_long_cuts(model: nn.Module, cuts: Iterable[Any], tokenizer: Any, options: LongFormOptions | None = None,

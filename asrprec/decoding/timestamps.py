@@ -23,6 +23,10 @@ Rules (:func:`word_spans`), on sentencepiece pieces:
 * every end is capped at the next word's start and at the utterance's last frame. A word made only of
   zero-duration pieces lasts 0 s.
 
+The first three rules time a word by its own pieces (:func:`token_words`); the last two look at the next word
+(:func:`finish_words`), so words gathered from several decodes (long-form chunks) get them again once merged: spans
+are then ordered by start and none ends after the next one starts, whatever the token frames.
+
 Punctuation gets no duration because a TDT model emits it with a long duration (the frames it skips to the next
 word): a port of NeMo's TDT timestamps saw word ends drift by up to 560 ms until it did so (NVIDIA/NeMo
 ``nemo/collections/asr/parts/utils/timestamp_utils.py`` refines TDT punctuation to zero duration the same way).
@@ -55,9 +59,10 @@ from typing import Callable, Iterable, Mapping, Sequence
 from asrprec.atomic import atomic_write_text
 
 __all__ = ["EXTEND_FRAMES", "FEATURE_SHIFT_S", "FRAME_SHIFT_S", "SEGMENT_GAP_S", "SEGMENT_SEPARATORS",
-           "SUBSAMPLING_FACTOR", "WORD_START", "CtmCollector", "SegmentSpan", "WordSpan", "ctc_token_runs", "ctm_path",
-           "format_ctm", "format_segments", "is_zero_duration", "segment_spans", "segments_path", "word_spans",
-           "words_from_ids", "words_from_token_times", "write_ctm", "write_segments"]
+           "SUBSAMPLING_FACTOR", "WORD_START", "CtmCollector", "SegmentSpan", "TokenWord", "WordSpan", "ctc_token_runs",
+           "ctm_path", "finish_words", "format_ctm", "format_segments", "is_zero_duration", "segment_spans",
+           "segments_path", "token_words", "word_spans", "words_from_ids", "words_from_token_times", "write_ctm",
+           "write_segments"]
 
 FEATURE_SHIFT_S = 0.01  # fbank frame shift
 SUBSAMPLING_FACTOR = 4  # Conformer: Conv2dSubsampling 4x; Zipformer: front-end 2x, output downsampling 2x
@@ -113,10 +118,82 @@ def _piece_text(piece: str) -> str:
     return "" if piece in _SPECIALS else piece.replace(WORD_START, "")
 
 
+@dataclass(frozen=True)
+class TokenWord:
+    """One word as its own pieces time it (encoder frames), before the rules that look at its neighbours
+    (:func:`finish_words`): ``first``: its first piece's frame; ``start``, ``end``: its first timed piece's frame
+    and its last timed piece's end (both ``None``: only zero-duration pieces)."""
+
+    text: str
+    first: int
+    start: int | None = None
+    end: int | None = None
+
+    @property
+    def onset(self) -> int:
+        """Where the word starts: its first timed piece, else its first piece."""
+        return self.first if self.start is None else self.start
+
+    def shifted(self, frames: int, *, limit: int | None = None) -> "TokenWord":
+        """The word ``frames`` later, its end first cut at ``limit`` (the frames its tokens came from)."""
+        end = self.end if self.end is None or limit is None else min(self.end, limit)
+        return TokenWord(self.text, self.first + frames, None if self.start is None else self.start + frames,
+                         None if end is None else end + frames)
+
+
+def token_words(pieces: Sequence[str], frames: Sequence[int],
+                durations: Sequence[int] | None = None) -> list[TokenWord]:
+    """Pieces grouped into words, each timed by its own pieces (:func:`word_spans`' arguments and rules), in order;
+    words of only blank-like pieces are left out. ValueError as :func:`word_spans`."""
+    U = len(pieces)
+    if len(frames) != U or (durations is not None and len(durations) != U):
+        raise ValueError(f"pieces, frames and durations must have equal lengths, got {U}, {len(frames)}, "
+                         f"{None if durations is None else len(durations)}")
+    frames = [int(f) for f in frames]
+    if any(f < 0 for f in frames) or any(b < a for a, b in zip(frames, frames[1:])):
+        raise ValueError(f"frames must be non-decreasing and >= 0, got {frames}")
+    if durations is not None and any(int(d) < 0 for d in durations):
+        raise ValueError(f"durations must be >= 0, got {list(durations)}")
+    words: list[list] = []  # [text, first frame, first timed frame or None, end of the last timed piece or None]
+    for i, piece in enumerate(pieces):
+        if not words or piece.startswith(WORD_START):
+            words.append(["", frames[i], None, None])
+        w = words[-1]
+        w[0] += _piece_text(piece)
+        if is_zero_duration(piece):
+            continue
+        if w[2] is None:
+            w[2] = frames[i]
+        w[3] = frames[i] + (1 if durations is None else max(1, int(durations[i])))
+    return [TokenWord(*w) for w in words if w[0]]  # a word of only blank-like pieces: a bare "▁" at the very end
+
+
+def finish_words(words: Iterable[TokenWord], *, num_frames: int | None = None, frame_shift: float = FRAME_SHIFT_S,
+                 offset: float = 0.0, extend_frames: int = 0) -> list[WordSpan]:
+    """Word spans of words timed by their own pieces, by the rules that look at the next word (module docstring):
+    ends moved on by at most ``extend_frames``, then capped at the next word's start and at ``num_frames``; starts
+    past ``num_frames`` put on it. Words are taken in order of their start (``onset``, ties kept in input order),
+    whatever order they come in, so the spans returned are ordered by start and none ends after the next starts."""
+    limit = math.inf if num_frames is None else int(num_frames)
+    ordered = sorted(words, key=lambda w: w.onset)
+    onsets = [min(w.onset, limit) for w in ordered] + [math.inf]
+    out: list[WordSpan] = []
+    for k, w in enumerate(ordered):
+        start, nxt = onsets[k], onsets[k + 1]
+        end = start  # only zero-duration pieces: an instant
+        if w.start is not None:
+            end = w.end
+            if extend_frames:
+                end = max(end, min(nxt, end + extend_frames, limit))
+            end = max(start, min(end, nxt, limit))
+        out.append(WordSpan(w.text, offset + start * frame_shift, offset + end * frame_shift))
+    return out
+
+
 def word_spans(pieces: Sequence[str], frames: Sequence[int], durations: Sequence[int] | None = None, *,
                num_frames: int | None = None, frame_shift: float = FRAME_SHIFT_S,
                offset: float = 0.0, extend_frames: int | None = None) -> list[WordSpan]:
-    """Word spans of one hypothesis (rules in the module docstring).
+    """Word spans of one hypothesis (rules in the module docstring): :func:`finish_words` of :func:`token_words`.
 
     Args:
         pieces: the hypothesis' sentencepiece pieces (U,), blank excluded.
@@ -131,45 +208,10 @@ def word_spans(pieces: Sequence[str], frames: Sequence[int], durations: Sequence
     Raises:
         ValueError naming the argument for unequal lengths, negative or decreasing frames, negative durations.
     """
-    U = len(pieces)
-    if len(frames) != U or (durations is not None and len(durations) != U):
-        raise ValueError(f"pieces, frames and durations must have equal lengths, got {U}, {len(frames)}, "
-                         f"{None if durations is None else len(durations)}")
-    frames = [int(f) for f in frames]
-    if any(f < 0 for f in frames) or any(b < a for a, b in zip(frames, frames[1:])):
-        raise ValueError(f"frames must be non-decreasing and >= 0, got {frames}")
-    if durations is not None and any(int(d) < 0 for d in durations):
-        raise ValueError(f"durations must be >= 0, got {list(durations)}")
-    limit = math.inf if num_frames is None else int(num_frames)
     if extend_frames is None:
         extend_frames = EXTEND_FRAMES if durations is None else 0
-
-    # group pieces into words: [text, first timed frame or None, end frame of last timed piece, first frame]
-    words: list[list] = []
-    for i, piece in enumerate(pieces):
-        if not words or piece.startswith(WORD_START):
-            words.append(["", None, None, frames[i]])
-        w = words[-1]
-        w[0] += _piece_text(piece)
-        if is_zero_duration(piece):
-            continue
-        d = 1 if durations is None else max(1, int(durations[i]))
-        if w[1] is None:
-            w[1] = frames[i]
-        w[2] = frames[i] + d
-    out: list[WordSpan] = []
-    for k, (text, start, end, first) in enumerate(words):
-        if not text:  # only blank-like pieces (a bare "▁" at the very end)
-            continue
-        nxt = next((w[1] if w[1] is not None else w[3] for w in words[k + 1:] if w[0]), math.inf)
-        if start is None:  # only zero-duration pieces: an instant at the first piece
-            start = end = first
-        elif extend_frames:
-            end = max(end, min(nxt, end + extend_frames, limit))
-        end = max(start, min(end, nxt, limit))
-        start = min(start, end)
-        out.append(WordSpan(text, offset + start * frame_shift, offset + end * frame_shift))
-    return out
+    return finish_words(token_words(pieces, frames, durations), num_frames=num_frames, frame_shift=frame_shift,
+                        offset=offset, extend_frames=extend_frames)
 
 
 def words_from_ids(id_to_piece: Callable[[int], str], tokens: Sequence[int], frames: Sequence[int],

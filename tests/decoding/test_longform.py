@@ -180,3 +180,94 @@ def test_long_cuts_from_audio_find_each_burst_across_seams(tmp_path):
     (cid, spans), = words
     for w, (a, b) in zip(spans, bursts):  # each burst's start within an encoder frame and a window
         assert abs(w.start - a) <= 0.06 and a < w.end <= b + 0.44
+
+
+# Chunk results chosen by hand: the search is replaced by one that returns, for each chunk, the tokens and frames
+# planned for the chunk's first feature frame (the stand-in encoder passes feature 0, the frame's index, through).
+STAMPS = ["<blk>", "\u2581A", "X", "\u2581B", "Y", "\u2581C", "\u2581D", "E", "\u2581.", ",", "\u2581", "<s>",
+          "\u2581F"]
+
+
+class StampPieces:
+    def id_to_piece(self, i):
+        return STAMPS[i]
+
+
+class FrameIndex(nn.Module):
+    """Encoder stand-in: encoder frame t is feature frame 4t (4x subsampling), as EchoCtc."""
+
+    use_ctc, use_transducer, blank_id, min_input_frames = True, False, 0, 1
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(1))
+
+    def encode(self, x, x_lens):
+        return x[:, ::4], (x_lens + 3) // 4
+
+
+def planned_search(monkeypatch, plan):
+    """Replace the long-form search by ``plan(chunk_start, encoder_frames) -> (tokens, frames, durations)``."""
+    from asrprec.decoding import longform
+    from asrprec.decoding.hypothesis import DecodingResult
+
+    class Planned:
+        def __init__(self, model, options):
+            pass
+
+        def __call__(self, encoder_out, encoder_out_lens, *, return_timestamps=False):
+            return [DecodingResult(*plan(int(encoder_out[b, 0, 0]), int(n)))
+                    for b, n in enumerate(encoder_out_lens.tolist())]
+
+    monkeypatch.setattr(longform, "Searcher", Planned)
+
+
+def frame_index(num_frames):
+    return torch.arange(float(num_frames)).unsqueeze(1)
+
+
+@pytest.mark.parametrize("plan, expected", [
+    # chunk [0, 1.2) s: "▁A"@0 "X"@27 spans 0-1.2 s (centre 0.6, kept); chunk [0.08, 1.3) s: "▁B"@1 "Y"@29 spans
+    # 0.12-1.32 s (centre 0.72, kept). AX ran over BY's start (and BY past the recording's 1.3 s end)
+    ({0: ((1, 2), (0, 27)), 8: ((3, 4), (1, 29))}, [("AX", 0.0, 0.12), ("BY", 0.12, 1.30)]),
+    # "▁C"@10 spans 0.4-0.84 s (centre 0.62, kept from the first chunk); "▁D"@2 "E"@29 spans 0.16-1.32 s (centre
+    # 0.74, kept from the second): DE starts first, and now ends where C starts
+    ({0: ((5,), (10,)), 8: ((6, 7), (2, 29))}, [("DE", 0.16, 0.40), ("C", 0.40, 0.84)]),
+])
+def test_words_kept_from_neighbouring_chunks_are_ordered_and_do_not_overlap(monkeypatch, plan, expected):
+    # 1.3 s in 1.2 s chunks with 0.4 s overlap: the last chunk ends at the recording's end, so it starts 80 ms in and
+    # shares all but 80 ms with the first; owned regions meet at (1.2 + 0.08) / 2 = 0.64 s
+    opts = LongFormOptions(chunk_seconds=1.2, overlap_seconds=0.4)
+    assert [(c.start, c.end, c.own_end) for c in plan_chunks(130, opts)] == [(0, 120, 0.64), (8, 130, np.inf)]
+    planned_search(monkeypatch, lambda start, n: plan[start])
+    got = decode_long(FrameIndex(), frame_index(130), StampPieces(), opts)
+    assert [w.word for w in got] == [e[0] for e in expected]
+    assert [t for w in got for t in (w.start, w.end)] == pytest.approx([t for e in expected for t in e[1:]])
+
+
+def test_merged_words_are_ordered_inside_the_recording_for_any_token_frames(monkeypatch):
+    # what an untrained model may emit: many tokens on one frame, long gaps, pieces without "▁", punctuation and
+    # blank-like pieces, TDT durations or none, frames up to the chunk's end
+    rng = np.random.default_rng(0)
+
+    def plan(start, n):
+        u = int(rng.integers(0, 25))
+        on = rng.integers(0, max(n, 1), size=int(rng.integers(1, 4)))  # a few frames take all the tokens
+        frames = np.sort(rng.choice(on, size=u)) if rng.random() < 0.5 else np.sort(rng.integers(0, n + 1, size=u))
+        tokens = rng.integers(1, len(STAMPS), size=u)
+        durations = tuple(int(d) for d in rng.integers(0, 30, size=u)) if rng.random() < 0.4 else None
+        return tuple(int(t) for t in tokens), tuple(int(f) for f in frames), durations
+
+    planned_search(monkeypatch, plan)
+    words_seen = 0
+    for trial in range(150):
+        chunk = float(rng.uniform(0.3, 4.0))
+        opts = LongFormOptions(chunk, float(rng.uniform(0.0, 0.9)) * chunk, int(rng.integers(1, 4)))
+        T = int(rng.integers(1, 1500))
+        got = decode_long(FrameIndex(), frame_index(T), StampPieces(), opts)
+        words_seen += len(got)
+        for w in got:
+            assert 0.0 <= w.start <= w.end <= T * 0.01 + 1e-9, (trial, w)
+        for a, b in zip(got, got[1:]):
+            assert a.start <= b.start and a.end <= b.start + 1e-9, (trial, a, b)
+    assert words_seen > 500  # the cases are not empty

@@ -1,11 +1,12 @@
 """Token frames → word spans, CTC runs and CTM files, on hand-made frame sequences with hand-computed times."""
 
+import numpy as np
 import pytest
 import torch
 
 from asrprec.decoding.timestamps import (
-    EXTEND_FRAMES, FRAME_SHIFT_S, WordSpan, ctc_token_runs, ctm_path, format_ctm, is_zero_duration, word_spans,
-    words_from_ids, words_from_token_times, write_ctm,
+    EXTEND_FRAMES, FRAME_SHIFT_S, TokenWord, WordSpan, ctc_token_runs, ctm_path, finish_words, format_ctm,
+    is_zero_duration, token_words, word_spans, words_from_ids, words_from_token_times, write_ctm,
 )
 
 F = FRAME_SHIFT_S
@@ -209,3 +210,40 @@ def test_segments_file_beside_the_ctm(tmp_path):
     ctm = CtmCollector(table.__getitem__, durations={"u": 1.0})
     ctm(["u"], [type("R", (), {"tokens": (1, 2, 4, 3), "frames": (0, 3, 4, 20), "durations": None})()])
     assert ctm.write_segments(tmp_path / "s.txt").read_text() == "u 0.00 0.56 A B.\nu 0.80 1.00 C\n"
+
+
+def test_words_timed_apart_then_joined_get_the_next_word_rules_again():
+    # three words' own times, given out of order, as chunks of a long recording give them: A's pieces run 0-28,
+    # B's 3-30, "." is an instant at 5, Z starts past the recording's 20 frames
+    words = [TokenWord("B", 3, 3, 30), TokenWord("Z", 25, 25, 26), TokenWord("A", 0, 0, 28), TokenWord(".", 5)]
+    assert [w.onset for w in words] == [3, 25, 0, 5]
+    out = finish_words(words, num_frames=20)
+    assert_spans(out, [("A", 0.0, 3 * F), ("B", 3 * F, 5 * F), (".", 5 * F, 5 * F), ("Z", 20 * F, 20 * F)])
+    # the end moves on towards the next start by at most extend_frames, never past the last frame
+    out = finish_words([TokenWord("A", 0, 0, 1), TokenWord("B", 6, 6, 7)], num_frames=12, extend_frames=10)
+    assert_spans(out, [("A", 0.0, 6 * F), ("B", 6 * F, 12 * F)])
+    # token_words keeps each word's own times; shifted moves them, its end first cut at the chunk's last frame
+    assert token_words(["\u2581A", ",", "X", "\u2581", "\u2581.", "<s>"], [1, 2, 4, 5, 6, 9]) == [
+        TokenWord("A,X", 1, 1, 5), TokenWord(".", 6)]
+    assert TokenWord("A", 2, 3, 9).shifted(10, limit=6) == TokenWord("A", 12, 13, 16)
+    assert TokenWord(".", 2).shifted(10, limit=1) == TokenWord(".", 12)
+
+
+def test_word_spans_are_ordered_and_never_overlap_for_any_token_frames():
+    # an untrained model's output: many tokens on one frame, long gaps, any pieces, durations or none
+    rng = np.random.default_rng(0)
+    vocab = ["\u2581A", "B", "\u2581C", "\u2581.", ",", "\u2581", "<blk>", "<s>", "\u2581DE", "?"]
+    for trial in range(500):
+        U = int(rng.integers(0, 30))
+        frames = sorted(int(f) for f in rng.choice(rng.integers(0, 200, size=int(rng.integers(1, 5))), size=U))
+        pieces = [vocab[int(i)] for i in rng.integers(0, len(vocab), size=U)]
+        durations = [int(d) for d in rng.integers(0, 40, size=U)] if rng.random() < 0.5 else None
+        num_frames = int(rng.integers(1, 220)) if rng.random() < 0.7 else None
+        out = word_spans(pieces, frames, durations, num_frames=num_frames)
+        specials = ("\u2581", "<blk>", "<s>")  # every piece's text once, in order
+        assert "".join(w.word for w in out) == "".join(p.strip("\u2581") for p in pieces if p not in specials), trial
+        for w in out:
+            assert 0.0 <= w.start <= w.end, (trial, w)
+            assert num_frames is None or w.end <= num_frames * F + 1e-9, (trial, w)
+        for a, b in zip(out, out[1:]):
+            assert a.start <= b.start and a.end <= b.start + 1e-9, (trial, a, b)
