@@ -205,3 +205,14 @@ def test_decode_and_export_configs_print_and_read_back(script, argv, tmp_path, c
     printed = tmp_path / "printed.yaml"
     printed.write_text(capsys.readouterr().out)
     assert cl().parse(["--config", str(printed)]) == cl().parse(argv)
+
+
+def test_espeak_run_sh_trains_and_decodes_the_default_epochs():
+    import re
+
+    import yaml
+
+    script = (ROOT / "recipes" / "espeak" / "run.sh").read_text()
+    epochs = int(re.search(r"^EPOCHS=\$\{EPOCHS:-(\d+)\}", script, re.M).group(1))
+    default = yaml.safe_load((ROOT / "recipes" / "espeak" / "configs" / "default.yaml").read_text())
+    assert epochs == default["train"]["num_epochs"]  # decode.py --epoch "$EPOCHS" is the last epoch trained

@@ -110,8 +110,8 @@ def test_causal_zipformer_streams(tmp_path):
 
 @pytest.mark.slow
 def test_recipe_end_to_end_reaches_low_wer(tmp_path):
-    """A shortened real run: must learn (WER well below 100 %). The default Zipformer with seed 42 reaches about
-    78 / 57 / 44 % greedy test WER after epochs 3 / 4 / 5 (8-9 % after 10)."""
+    """A shortened real run of the default (Zipformer transducer + CR-CTC): must learn (WER well below 100 %); about
+    a quarter of the test words are wrong after 4 of the default 8 epochs (benchmarks/RESULTS.md)."""
     exp = tmp_path / "exp"
     run(RECIPE / "prepare.py")
     run(RECIPE / "train.py", "--exp-dir", exp, "--num-epochs", 5, "--train.progress_bar", "false")
