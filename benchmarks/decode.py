@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -105,13 +104,14 @@ def _csv(text: str, known: tuple[str, ...], what: str) -> list[str]:
 def load_trained(args) -> tuple[torch.nn.Module, list[dict], object]:
     from asrprec.checkpoint import load_decoding_weights
     from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
+    from asrprec.experiment import build_experiment_model
     from asrprec.tokenizer import Tokenizer
 
     if not (args.exp_dir and args.data_dir):
         raise SystemExit("give --exp-dir and --data-dir (a trained model and its data), or --synthetic")
-    model = build_transducer(**json.loads((args.exp_dir / "model.json").read_text()))
+    model = build_experiment_model(args.exp_dir)  # model.json, as decode.py reads it
     print("weights:", load_decoding_weights(model, args.exp_dir, args.epoch, args.avg))
-    cuts = load_fbank_cuts(args.data_dir)[args.split]
+    cuts = load_fbank_cuts(args.data_dir, splits=(args.split,))[args.split]
     if args.max_utts:
         cuts = cuts.subset(first=args.max_utts)
     loader = AsrDataModule(DataConfig(max_duration=args.max_duration)).test_dataloader(cuts)

@@ -59,7 +59,7 @@ def load(args, split: str):
                             split=split, max_utts=0, max_duration=300.0)
     model, batches, tok = bench.load_trained(ns)
     model, autocast = bench.variant(model, "fp32", "cpu")
-    return model, autocast, lm_decode.rebatch(batches, args.batch_size), tok
+    return model, autocast, bench.rebatch(batches, args.batch_size), tok
 
 
 def main(argv=None) -> str:

@@ -68,10 +68,10 @@ def aligned_split(data_dir: Path, work_dir: Path, split: str, seed: int | None =
 
 def load_model(args):
     from asrprec.checkpoint import load_decoding_weights
-    from asrprec.models import build_transducer
+    from asrprec.experiment import build_experiment_model
     from asrprec.tokenizer import Tokenizer
 
-    model = build_transducer(**json.loads((args.exp_dir / "model.json").read_text()))
+    model = build_experiment_model(args.exp_dir)  # model.json, as decode.py reads it
     print("weights:", load_decoding_weights(model, args.exp_dir, args.epoch, args.avg))
     return model.eval(), Tokenizer(args.data_dir / "bpe.model")
 
