@@ -63,3 +63,18 @@ def test_longform_benchmark_prints_a_row_per_length_and_mode(toy_run):
                "--overlap-seconds", 2, "--threads", 1)
     rows = [[c.strip() for c in line.split("|")[1:3]] for line in out.splitlines() if line.startswith("| 0.")]
     assert rows == [["0.1", "chunked"], ["0.1", "one pass"], ["0.25", "chunked"]]
+
+
+def test_hotword_recall_benchmark_prints_a_row_per_search_and_score(toy_run):
+    from asrprec.data import compute_corpus_fbank, load_corpus
+
+    root, data, exp = toy_run
+    if not (data / "espeak_cuts_test_fbank.jsonl.gz").is_file():
+        compute_corpus_fbank({"test": load_corpus(data)["test"]}, data, num_jobs=1)
+    out = _run("hotword_recall.py", "--exp-dir", exp, "--epoch", 1, "--avg", 1, "--data-dir", data, "--split", "test",
+               "--words", "ONE", "TWO", "--score", 1, "--threads", 1)
+    table = out[out.rindex("| method |"):]  # the final table (rows are also printed as they come)
+    rows = [[c.strip() for c in line.split("|")[1:3]] for line in table.splitlines()
+            if line.startswith("| ") and "---" not in line]
+    assert rows == [["method", "hotword score"], ["greedy_search", "0"], ["greedy_search", "1"],
+                    ["modified_beam_search", "0"], ["modified_beam_search", "1"]]
