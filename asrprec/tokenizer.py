@@ -137,6 +137,10 @@ class Tokenizer:
                 raise ValueError(f"text {text!r} contains the reserved blank symbol {BLANK!r}; remove it from the transcript")
         return ids
 
+    def count_tokens(self, text: str) -> int:
+        """The number of tokens ``text`` encodes to."""
+        return len(self.encode([text])[0])
+
     def unknown_words(self, words: Iterable[str]) -> list[str]:
         """The words among ``words`` that this tokenizer can only spell with ``<unk>`` (a piece it lacks), or that
         contain the reserved blank symbol (which :meth:`encode` refuses).

@@ -79,8 +79,9 @@ def reverberate(x: np.ndarray, rir: np.ndarray) -> np.ndarray:
     return y * np.sqrt(_power(x) / py) if py > 0 else y
 
 
-#: the fewest fbank frames (10 ms) per word :func:`tempo_factor` leaves: 80 ms, two 40 ms encoder frames
-MIN_FRAMES_PER_WORD = 8
+#: the fewest fbank frames (10 ms) per token (or per word, when tokens are not counted) :func:`tempo_factor`
+#: leaves: 60 ms, one and a half 40 ms encoder frames: room for a CTC head's blanks between repeated tokens
+MIN_FRAMES_PER_TOKEN = 6
 
 
 def change_tempo(features: Any, factor: float) -> Any:
@@ -103,11 +104,11 @@ def change_tempo(features: Any, factor: float) -> Any:
     return out[0].t().to(features.dtype)
 
 
-def tempo_factor(rng: Any, low: float, high: float, num_frames: int, num_words: int) -> float:
+def tempo_factor(rng: Any, low: float, high: float, num_frames: int, num_tokens: int) -> float:
     """A factor drawn uniformly from [``low``, ``high``] (``rng``: Python's ``random`` module or a
-    ``random.Random``), lowered if needed (never below 1) so that at least :data:`MIN_FRAMES_PER_WORD` frames per
-    word remain: a CTC head needs a frame per token."""
+    ``random.Random``), lowered if needed (never below 1) so that at least :data:`MIN_FRAMES_PER_TOKEN` frames per
+    token of the transcript remain: a CTC head needs a frame per token and one between repeats."""
     factor = rng.uniform(low, high)
     if factor > 1.0:
-        factor = min(factor, max(1.0, num_frames / (MIN_FRAMES_PER_WORD * max(1, num_words))))
+        factor = min(factor, max(1.0, num_frames / (MIN_FRAMES_PER_TOKEN * max(1, num_tokens))))
     return factor

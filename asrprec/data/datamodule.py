@@ -162,11 +162,13 @@ class AsrDataset(torch.utils.data.Dataset):
     def __init__(self, *, on_the_fly_feats: bool, spec_augment: Any | None = None, num_mel_bins: int = 80,
                  seed: int = 0, drop_empty_transcripts: bool = True,
                  cut_transforms: Sequence[Callable[[Any], Any]] = (),
-                 tempo_range: tuple[float, float] | None = None) -> None:
+                 tempo_range: tuple[float, float] | None = None,
+                 count_tokens: Callable[[str], int] | None = None) -> None:
         super().__init__()
         self.drop_empty_transcripts = drop_empty_transcripts
         self.spec_augment = spec_augment
         self.tempo_range = tempo_range  # asrprec.data.augment.change_tempo, before SpecAugment
+        self.count_tokens = count_tokens or _count_words  # a transcript's tokens, for the tempo's floor
         # CutSet -> CutSet transforms applied before features are read (lhotse CutMix: noise mixing)
         self.cut_transforms = list(cut_transforms)
         self.num_mel_bins = num_mel_bins
@@ -261,7 +263,8 @@ class AsrDataset(torch.utils.data.Dataset):
         texts = [" ".join((s.text or "").strip() for s in c.supervisions).strip() for c in cuts]
         if self.tempo_range is not None and cut_ids:
             with seeded_rng(seed_from(self.seed, self.epoch, "tempo", *sorted(cut_ids))):
-                features, feature_lens = _tempo_perturbed(features, feature_lens, texts, self.tempo_range)
+                features, feature_lens = _tempo_perturbed(features, feature_lens, texts, self.tempo_range,
+                                                          self.count_tokens)
         if self.spec_augment is not None and cut_ids:
             # row by row on the valid frames only: lhotse's batch call masks (and takes the mask value's
             # mean over) the padded matrix, padding included
@@ -274,12 +277,17 @@ class AsrDataset(torch.utils.data.Dataset):
         return batch
 
 
+def _count_words(text: str) -> int:
+    return len(text.split())
+
+
 def _tempo_perturbed(features: torch.Tensor, feature_lens: torch.Tensor, texts: Sequence[str],
-                     tempo_range: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+                     tempo_range: tuple[float, float], count_tokens: Callable[[str], int]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's valid frames through :func:`asrprec.data.augment.change_tempo` with its own factor, re-padded."""
     from asrprec.data.augment import change_tempo, tempo_factor
 
-    rows = [change_tempo(features[i, :n], tempo_factor(random, *tempo_range, n, len(text.split())))
+    rows = [change_tempo(features[i, :n], tempo_factor(random, *tempo_range, n, count_tokens(text)))
             for i, (n, text) in enumerate(zip(feature_lens.tolist(), texts))]
     lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens
@@ -528,9 +536,12 @@ class AsrDataModule:
         )
 
     def train_dataloader(self, cuts: Any, sampler_state: dict[str, Any] | None = None,
-                         batch_plan: Any | None = None) -> torch.utils.data.DataLoader:
+                         batch_plan: Any | None = None,
+                         count_tokens: Callable[[str], int] | None = None) -> torch.utils.data.DataLoader:
         """Shuffled, duration-filtered, bucketed batches with SpecAugment (if enabled).
 
+        ``count_tokens``: a transcript's number of tokens (the tokenizer's), which bounds ``tempo_range``'s speed-up
+        (:func:`asrprec.data.augment.tempo_factor`); without it, words are counted.
         ``sampler_state``: a :meth:`sampler_state_dict` from a checkpoint, to resume mid-epoch.
         ``batch_plan``: a :class:`asrprec.precision.batch_plan.BatchPlan`: its buckets and batch sizes replace
         ``max_duration`` and ``num_buckets`` (:func:`asrprec.data.buckets.planned_sampler`).
@@ -565,6 +576,7 @@ class AsrDataModule:
             if c.noise_mix else (),
             seed=c.seed,
             tempo_range=c.tempo_range,
+            count_tokens=count_tokens,
         )
         loader = self._loader(dataset, sampler, seed=c.seed)
         # the training loop gives each epoch's total (asrprec.training.skips.dropped_cut_totals), and says why an

@@ -114,6 +114,6 @@ def train_experiment(cfg: TrainingConfig, *, tokenizer_path: str | Path | Callab
     record = {**(data_record or {}), "spec_augment": spec_augment, "checks": checks}
     cfg = tcfg
     train(model=model, policy=policy, tokenizer=tokenizer,
-          train_dl=data.train_dataloader(cuts["train"], batch_plan=plan),
+          train_dl=data.train_dataloader(cuts["train"], batch_plan=plan, count_tokens=tokenizer.count_tokens),
           valid_dl=data.valid_dataloader(cuts["dev"]), cfg=cfg, model_config=model_config,
           config_for_checkpoint={"data": record})

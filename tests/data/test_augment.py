@@ -66,15 +66,16 @@ def test_change_tempo_resamples_frames_linearly():
         change_tempo(x, 0.0)
 
 
-def test_tempo_factor_is_uniform_and_keeps_frames_for_every_word():
+def test_tempo_factor_is_uniform_and_keeps_frames_for_every_token():
     import random
 
-    from asrprec.data.augment import MIN_FRAMES_PER_WORD, tempo_factor
+    from asrprec.data.augment import MIN_FRAMES_PER_TOKEN, tempo_factor
 
     rng = random.Random(0)
     draws = [tempo_factor(rng, 0.9, 1.6, 1000, 3) for _ in range(4000)]
     assert 0.9 <= min(draws) < 0.92 and 1.58 < max(draws) <= 1.6 and abs(np.mean(draws) - 1.25) < 0.02
-    # 100 frames and 10 words: at most 100 / (8 x 10) = 1.25, never slowed below 1 by the cap
-    capped = [tempo_factor(rng, 1.0, 1.6, 100, 10) for _ in range(200)]
-    assert max(capped) == pytest.approx(100 / (MIN_FRAMES_PER_WORD * 10)) and min(capped) >= 1.0
-    assert tempo_factor(rng, 1.5, 1.6, 40, 10) == 1.0  # already too short: left as it is
+    capped = [tempo_factor(rng, 1.0, 1.8, 60, 5) for _ in range(200)]  # cap 60 / (6 x 5) = 2: never binds
+    assert max(capped) > 1.75
+    capped = [tempo_factor(rng, 1.0, 1.8, 45, 5) for _ in range(200)]  # cap 45 / (6 x 5) = 1.5
+    assert max(capped) == pytest.approx(45 / (MIN_FRAMES_PER_TOKEN * 5)) and min(capped) >= 1.0
+    assert tempo_factor(rng, 1.5, 1.6, 40, 10) == 1.0  # already too short (40 < 6 x 10): left as it is

@@ -110,6 +110,11 @@ def test_tempo_perturbation_shortens_training_utterances_only(tiny_fbank):
     assert sum(n < frames[c] for c, n in seen.items()) >= len(seen) - 2
     for b in dm.valid_dataloader(train):
         assert [int(n) for n in b["feature_lens"]] == [frames[c] for c in b["cut_ids"]]
+    # a transcript of more tokens than its frames can hold at 1.2x is left at its own tempo
+    dm = AsrDataModule(DataConfig(max_duration=100.0, num_buckets=1, spec_augment=False, min_cut_s=0.0,
+                                  tempo_range=(1.2, 1.5)))
+    for b in dm.train_dataloader(train, count_tokens=lambda text: 10_000):
+        assert [int(n) for n in b["feature_lens"]] == [frames[c] for c in b["cut_ids"]]
     with pytest.raises(ValueError, match="tempo_range"):
         DataConfig(tempo_range=(1.5, 1.2))
 
