@@ -3,7 +3,7 @@
 The recipe's test split is synthesised again with word times (``generate_corpus`` of the same configuration, read
 from ``<data-dir>/corpus.json``, with no train or dev utterances: each split's draws and shards are its own, so the
 audio is the same, which the script checks on a few files). Each utterance is decoded (features on the fly),
-its token frames become word spans (:func:`asrprec.decoding.timestamps.word_spans`), hypothesis and reference words
+its token frames become word spans (:func:`asrprec.timestamps.word_spans`), hypothesis and reference words
 are aligned by minimum edit distance, and every correctly recognised word gives |start - true start| and
 |end - true end|. Rows: mean, 90th percentile and mean signed error (bias; > 0 = late) in ms. Methods the model has
 no head for, or that give no times yet, are skipped with the reason.
@@ -95,7 +95,7 @@ def boundary_errors(ref_items, hyp_words) -> list[tuple[float, float]]:
 def measure(model, tokenizer, cuts, method: str, beam: int, batch_size: int) -> dict:
     from asrprec.data.features import OnTheFlyFbank
     from asrprec.decoding.api import DecodingOptions, Searcher
-    from asrprec.decoding.timestamps import words_from_ids
+    from asrprec.timestamps import words_from_ids
 
     fbank = OnTheFlyFbank()
     searcher = Searcher(model, DecodingOptions(method=method, beam=beam))

@@ -243,7 +243,7 @@ LAYERS = (
     ("losses", "data", "lm"),  # 2
     ("precision",),  # 1, above optim: the policy attaches optim's bf16 update rules to an optimizer (build_optimizer)
     ("optim",),  # drawn on floor 2 by DESIGN; it imports nothing of asrprec, so it sits under precision
-    ("tokenizer", "metrics"),  # 1: the ground; these write their files through the atomic writer
+    ("tokenizer", "metrics", "timestamps"),  # 1: the ground; these write their files through the atomic writer
     ("config", "devices", "atomic", "rng", "_optional"),  # 1
     ("errors",),  # 1, under the rest: the atomic writer raises a user error on a full disk
 )

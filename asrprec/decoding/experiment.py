@@ -257,7 +257,7 @@ def decode_splits(setup: DecodingSetup, cuts: Mapping[str, Any], make_loader: Ca
     from asrprec.data import check_cuts
     from asrprec.decoding import decode_dataset
     from asrprec.decoding.longform import decode_long_cuts
-    from asrprec.decoding.timestamps import CtmCollector, ctm_path, segments_path, write_ctm, write_segments
+    from asrprec.timestamps import CtmCollector, ctm_path, segments_path, write_ctm, write_segments
     from asrprec.metrics import write_error_stats, write_recogs
 
     exp_dir = Path(exp_dir)

@@ -6,13 +6,13 @@ time. Neighbouring chunks share ``overlap_seconds``; the boundary between them i
 each chunk keeps the words whose centre lies on its side (its *owned* region). A word near a seam is therefore whole
 in at least the chunk that owns it (words shorter than ``overlap_seconds / 2``) and kept once; a word cut by a chunk's
 edge has its centre beyond the boundary and is dropped from that chunk. Chunk starts are whole encoder frames (4 fbank
-frames), so every chunk's frames lie on the recording's 40 ms grid (:mod:`asrprec.decoding.timestamps`).
+frames), so every chunk's frames lie on the recording's 40 ms grid (:mod:`asrprec.timestamps`).
 
 A chunk's spans only decide which words it keeps: no span inside one chunk sees the words kept from the next, so a
 word kept from one chunk may end after a word kept from the next starts, or even start after it (a long word of the
 next chunk can start before the boundary and still be centred beyond it). The kept words' own token times (ends cut
 at their chunk's last frame) therefore get the rules that look at the next word once more, over the whole recording
-(:func:`~asrprec.decoding.timestamps.finish_words`): the words come out ordered by start, none ending after the next
+(:func:`~asrprec.timestamps.finish_words`): the words come out ordered by start, none ending after the next
 starts, all inside the recording, whatever tokens and frames a model emits.
 
 Defaults suit the offline Zipformer, whose attention spans the whole chunk: 20 s chunks, the longest cut icefall's
@@ -36,7 +36,7 @@ from asrprec.config import option
 
 from ._common import model_device
 from .api import DecodingOptions, Searcher
-from .timestamps import (
+from asrprec.timestamps import (
     EXTEND_FRAMES, FEATURE_SHIFT_S, SUBSAMPLING_FACTOR, TokenWord, WordSpan, finish_words, token_words,
 )
 
@@ -151,7 +151,7 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
         options: the chunking. search: the decoding method (default greedy search), any method the model has a
             head for (:class:`~asrprec.decoding.api.Searcher`).
     Returns:
-        The recording's :class:`~asrprec.decoding.timestamps.WordSpan` (seconds from its start) ordered by start,
+        The recording's :class:`~asrprec.timestamps.WordSpan` (seconds from its start) ordered by start,
         none ending after the next starts, all inside the recording (module docstring).
     """
     options = options or LongFormOptions()
@@ -191,7 +191,7 @@ def decode_long_cuts(model: nn.Module, cuts: Iterable[Any], tokenizer: Any, opti
 
     Returns ``(results, words, stats)``: ``(cut_id, ref_words, hyp_words)`` per cut for :mod:`asrprec.metrics`
     (the reference: its supervisions' texts in order), ``(cut_id, WordSpans)`` per cut for
-    :func:`~asrprec.decoding.timestamps.write_ctm` (times from the cut's start), and ``{"audio_seconds",
+    :func:`~asrprec.timestamps.write_ctm` (times from the cut's start), and ``{"audio_seconds",
     "wall_seconds", "rtfx"}``.
     """
     results, words, audio_s = [], [], 0.0

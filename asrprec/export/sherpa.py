@@ -8,12 +8,12 @@ bad model run :func:`main` in a child process::
     python -m asrprec.export.sherpa --model-dir DIR [--variant int8] [--ctc] --waves waves.npz --out result.json
 
 ``waves.npz`` holds 16 kHz float32 arrays; ``result.json`` maps each array's name to its token ids; ``--ctm`` and
-``--segments`` also write the recognised words' times (:mod:`asrprec.decoding.timestamps`), utterance = array name.
+``--segments`` also write the recognised words' times (:mod:`asrprec.timestamps`), utterance = array name.
 
 Token times: sherpa-onnx's results carry each token's start (``timestamps``, seconds) for transducer and CTC models,
 the encoder frame that emitted it times 40 ms (10 ms features, subsampling 4: k2-fsa/sherpa-onnx
 ``sherpa-onnx/csrc/offline-recognizer-transducer-impl.h``, ``offline-transducer-model.cc``), asrprec's grid
-(:data:`asrprec.decoding.timestamps.FRAME_SHIFT_S`); :func:`recognize_timed` returns them, and
+(:data:`asrprec.timestamps.FRAME_SHIFT_S`); :func:`recognize_timed` returns them, and
 :meth:`TimedTokens.words` turns them into word spans as asrprec's own decoding does.
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 from asrprec._optional import require
 from asrprec.atomic import atomic_write_text
 from asrprec.config import option
-from asrprec.decoding.timestamps import WordSpan, words_from_token_times, write_ctm, write_segments
+from asrprec.timestamps import WordSpan, words_from_token_times, write_ctm, write_segments
 
 SAMPLE_RATE = 16000
 #: silence appended to a stream before ``input_finished`` so its last frames are decoded, as sherpa-onnx's examples
@@ -78,7 +78,7 @@ class TimedTokens:
     text: str = ""
 
     def words(self, duration: Optional[float] = None) -> List[WordSpan]:
-        """Word spans (:func:`~asrprec.decoding.timestamps.words_from_token_times`); ``duration``: the audio's
+        """Word spans (:func:`~asrprec.timestamps.words_from_token_times`); ``duration``: the audio's
         seconds (a streaming decode's tail padding excluded), which the words stay within. ValueError when
         sherpa-onnx gave no time for each token."""
         if len(self.times) != len(self.pieces):

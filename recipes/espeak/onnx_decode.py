@@ -26,7 +26,7 @@ import torch
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.data.features import at_feature_rate, pad_with_silence, report_audio_formats
 from asrprec.data.frames import FRAME_SHIFT_S
-from asrprec.decoding.timestamps import ctm_path, segments_path, write_ctm, write_segments
+from asrprec.timestamps import ctm_path, segments_path, write_ctm, write_segments
 from asrprec.export import OnnxCtcOfflineModel, OnnxCtcStreamingModel, load_onnx_model
 from asrprec.export.sherpa import recognize_timed
 from asrprec.metrics import RtfxMeter, read_recogs, write_error_stats, write_recogs

@@ -92,7 +92,7 @@ def test_words_in_order_inside_their_utterances_across_seams():
     following = [t[1] for t in truth[1:]] + [float("inf")]
     for w, (word, start, end, u), nxt in zip(got, truth, following):
         assert w.start == pytest.approx(start, abs=1e-6)
-        # a spike's end moves towards the next word by at most 400 ms (asrprec.decoding.timestamps)
+        # a spike's end moves towards the next word by at most 400 ms (asrprec.timestamps)
         assert start + 0.04 - 1e-6 <= w.end <= min(end + 0.44, nxt) + 1e-6
         begins = [b for b, _ in utts[u + 1:]] + [float("inf")]
         assert utts[u][0] <= w.start < utts[u][1] and w.end <= begins[0]  # in its utterance, short of the next

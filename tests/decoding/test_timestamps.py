@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from asrprec.decoding.timestamps import (
+from asrprec.timestamps import (
     EXTEND_FRAMES, FRAME_SHIFT_S, TokenWord, WordSpan, ctc_token_runs, ctm_path, finish_words, format_ctm,
     is_zero_duration, token_words, word_spans, words_from_ids, words_from_token_times, write_ctm,
 )
@@ -123,7 +123,7 @@ def test_ctm_columns_order_and_file(tmp_path):
 def test_ctm_collector_takes_decode_dataset_results(tmp_path):
     from collections import namedtuple
 
-    from asrprec.decoding.timestamps import CtmCollector
+    from asrprec.timestamps import CtmCollector
 
     Result = namedtuple("Result", "tokens frames durations")
     table = {1: "\u2581A", 2: "\u2581B", 3: "."}
@@ -149,7 +149,7 @@ def test_tokens_timed_in_seconds():
 
 
 def _seg(words, **kw):
-    from asrprec.decoding.timestamps import segment_spans
+    from asrprec.timestamps import segment_spans
 
     return [(s.text, s.start, s.end) for s in segment_spans(words, **kw)]
 
@@ -169,7 +169,7 @@ def test_sentence_punctuation_ends_a_segment():
 
 
 def test_a_gap_longer_than_the_threshold_ends_a_segment_a_shorter_one_does_not():
-    from asrprec.decoding.timestamps import SEGMENT_GAP_S
+    from asrprec.timestamps import SEGMENT_GAP_S
 
     assert SEGMENT_GAP_S == 0.5
     # gaps: A-B 0.2 s, B-C 0.7 s, C-D 0.45 s
@@ -191,7 +191,7 @@ def test_segments_of_no_words_and_of_one_word():
 
 
 def test_segments_file_beside_the_ctm(tmp_path):
-    from asrprec.decoding.timestamps import CtmCollector, format_segments, segments_path, write_segments
+    from asrprec.timestamps import CtmCollector, format_segments, segments_path, write_segments
 
     utts = [("u2", [WordSpan("B", 0.4, 0.52)]),
             ("u1", [WordSpan("Y.", 0.6, 1.2), WordSpan("X", 0.08, 0.2), WordSpan("Z", 2.0, 2.25)]), ("u3", [])]

@@ -101,10 +101,12 @@ def test_online_recognizer_gives_asrprec_streaming_greedy_search(exported, model
 def test_variants_load_and_decode_as_onnxruntime(exported, waves, fbank, kind, variant, tmp_path):
     """fp16 and int8 files load in sherpa-onnx and decode as asrprec's onnxruntime decoding of the same files, one
     stream per call (int8 quantises activations with a scale over the whole batch, so results depend on which
-    streams share a call). fp16: the same token ids. int8: sherpa-onnx bundles another onnxruntime release, whose
-    integer kernels and rounding of the activations' quantisation differ, and the two feature extractors' last
-    digits move values across quantisation steps, so a few tokens of these deliberately sensitive models may
-    differ: at most 10 % token edit distance."""
+    streams share a call). fp16: nearly the same token ids (at most 2 % token edit distance): the two feature
+    extractors differ in their last digits, which fp16's 11-bit significand can turn into another argmax where these
+    untrained models have near ties. int8: sherpa-onnx bundles another onnxruntime release, whose integer kernels and
+    rounding of the activations' quantisation differ, and the two feature extractors' last digits move values across
+    quantisation steps, so a few tokens of these deliberately sensitive models may differ: at most 10 % token edit
+    distance."""
     from asrprec.export import load_onnx_model
 
     ex = exported[kind]
@@ -118,13 +120,10 @@ def test_variants_load_and_decode_as_onnxruntime(exported, waves, fbank, kind, v
         want += runtime.decode(f[None], lens)
     _nontrivial(want)
     got = _sherpa(ex.encoder.parent, waves, tmp_path, streaming=streaming, variant=variant, batch=1)
-    if variant == "fp16":
-        assert got == want
-    else:
-        import kaldialign
+    import kaldialign
 
-        errors = sum(kaldialign.edit_distance(w, g)["total"] for w, g in zip(want, got))
-        assert errors <= 0.1 * sum(map(len, want)), (errors, want, got)
+    errors = sum(kaldialign.edit_distance(w, g)["total"] for w, g in zip(want, got))
+    assert errors <= (0.02 if variant == "fp16" else 0.1) * sum(map(len, want)), (errors, want, got)
 
 
 def test_decoder_without_vocab_size_ends_the_process(exported, waves, tmp_path):
