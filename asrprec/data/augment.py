@@ -9,7 +9,7 @@ SpecAugment lives in :mod:`asrprec.data.datamodule` and uses lhotse's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -112,3 +112,25 @@ def tempo_factor(rng: Any, low: float, high: float, num_frames: int, num_tokens:
     if factor > 1.0:
         factor = min(factor, max(1.0, num_frames / (MIN_FRAMES_PER_TOKEN * max(1, num_tokens))))
     return factor
+
+
+def count_words(text: str) -> int:
+    """A transcript's words: :func:`change_batch_tempo`'s token count when no tokenizer is given."""
+    return len(text.split())
+
+
+def change_batch_tempo(features: Any, feature_lens: Any, texts: Sequence[str], tempo_range: tuple[float, float],
+                       count_tokens: Callable[[str], int] = count_words) -> tuple[Any, Any]:
+    """A padded batch, each row's valid frames through :func:`change_tempo` with its own :func:`tempo_factor`
+    (drawn from Python's ``random``: seed it per batch), re-padded with zeros.
+
+    features: (B, T, F); feature_lens: (B,) int; texts: each row's transcript. Returns (B, T', F) and (B,) lengths.
+    """
+    import random
+
+    import torch
+
+    rows = [change_tempo(features[i, :n], tempo_factor(random, *tempo_range, n, count_tokens(text)))
+            for i, (n, text) in enumerate(zip(feature_lens.tolist(), texts))]
+    lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens

@@ -32,6 +32,7 @@ import torch
 
 from asrprec._optional import require
 from asrprec.config import option, strict_from_dict
+from asrprec.data.augment import change_batch_tempo, count_words
 from asrprec.data.buckets import Batching
 from asrprec.data.validate import filter_by_duration
 from asrprec.precision.batch_plan import CALIBRATION_SAFETY
@@ -168,7 +169,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.drop_empty_transcripts = drop_empty_transcripts
         self.spec_augment = spec_augment
         self.tempo_range = tempo_range  # asrprec.data.augment.change_tempo, before SpecAugment
-        self.count_tokens = count_tokens or _count_words  # a transcript's tokens, for the tempo's floor
+        self.count_tokens = count_tokens or count_words  # a transcript's tokens, for the tempo's floor
         # CutSet -> CutSet transforms applied before features are read (lhotse CutMix: noise mixing)
         self.cut_transforms = list(cut_transforms)
         self.num_mel_bins = num_mel_bins
@@ -263,8 +264,8 @@ class AsrDataset(torch.utils.data.Dataset):
         texts = [" ".join((s.text or "").strip() for s in c.supervisions).strip() for c in cuts]
         if self.tempo_range is not None and cut_ids:
             with seeded_rng(seed_from(self.seed, self.epoch, "tempo", *sorted(cut_ids))):
-                features, feature_lens = _tempo_perturbed(features, feature_lens, texts, self.tempo_range,
-                                                          self.count_tokens)
+                features, feature_lens = change_batch_tempo(features, feature_lens, texts, self.tempo_range,
+                                                            self.count_tokens)
         if self.spec_augment is not None and cut_ids:
             # row by row on the valid frames only: lhotse's batch call masks (and takes the mask value's
             # mean over) the padded matrix, padding included
@@ -275,22 +276,6 @@ class AsrDataset(torch.utils.data.Dataset):
         if dropped:
             batch["dropped_cuts"] = dropped
         return batch
-
-
-def _count_words(text: str) -> int:
-    return len(text.split())
-
-
-def _tempo_perturbed(features: torch.Tensor, feature_lens: torch.Tensor, texts: Sequence[str],
-                     tempo_range: tuple[float, float], count_tokens: Callable[[str], int]
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's valid frames through :func:`asrprec.data.augment.change_tempo` with its own factor, re-padded."""
-    from asrprec.data.augment import change_tempo, tempo_factor
-
-    rows = [change_tempo(features[i, :n], tempo_factor(random, *tempo_range, n, count_tokens(text)))
-            for i, (n, text) in enumerate(zip(feature_lens.tolist(), texts))]
-    lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
-    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens
 
 
 def _bucketing_sampler(cuts: Any, *, num_buckets: int, buffer_size: int | None = None,
