@@ -1,9 +1,9 @@
-"""Waveform augmentation for the synthetic corpus: additive noise at an SNR and simple reverberation; and tempo
-perturbation of fbank frames for training.
+"""Waveform augmentation for the synthetic corpus: additive noise at an SNR and simple reverberation; and, for training,
+tempo perturbation of fbank frames and examples joined from several utterances with pauses between them.
 
 The waveform functions are plain numpy on 1-D float signals, every random choice drawn from a caller-supplied
-``numpy.random.Generator`` so a corpus stays deterministic for its seed. :func:`change_tempo` works on a torch
-tensor of fbank frames (torch is imported there only: the corpus' synthesis workers import numpy alone).
+``numpy.random.Generator`` so a corpus stays deterministic for its seed. :func:`change_tempo` and :class:`UtteranceJoiner` work
+on torch tensors of fbank frames (torch is imported there only: the corpus' synthesis workers import numpy alone).
 SpecAugment lives in :mod:`asrprec.data.datamodule` and uses lhotse's.
 """
 
@@ -134,3 +134,69 @@ def change_batch_tempo(features: Any, feature_lens: Any, texts: Sequence[str], t
             for i, (n, text) in enumerate(zip(feature_lens.tolist(), texts))]
     lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens
+
+
+def pause_frames(seconds: float, level_db: float, extractor: Any, rng: np.random.Generator) -> Any:
+    """The fbank frames of a pause: ``seconds`` of 16 kHz white noise at ``level_db`` dBFS RMS, through
+    ``extractor`` (:func:`asrprec.data.features.fbank_extractor`). Returns (T, F) float32, T >= 1."""
+    import torch
+
+    num_samples = max(400, int(round(seconds * 16000)))  # at least one 25 ms window
+    noise = (10.0 ** (level_db / 20.0) * rng.standard_normal(num_samples)).astype(np.float32)
+    return torch.as_tensor(extractor.extract(noise, 16000)).float()
+
+
+class UtteranceJoiner:
+    """Training examples that hold several utterances, as a long recording's chunks do: a share ``prob`` of a
+    batch's rows is taken, in random groups of 2 to ``max_utterances``, and each group becomes one row, its
+    utterances' fbank frames in a row with a pause between each two (:func:`pause_frames`: ``pause_s`` seconds,
+    ``pause_db`` dBFS, each drawn uniformly) and their transcripts joined by a space. The pauses are made as audio
+    would make them: lhotse's padding of precomputed features (``Cut.pad``, log 1e-10) is a level no recording has.
+
+    Draws come from Python's ``random`` (seed it per batch). features: (B, T, F); feature_lens: (B,); texts and
+    ids: per row. Returns them for the new rows (joined rows last, their ids joined by ``+``), zero-padded.
+    """
+
+    def __init__(self, prob: float, max_utterances: int, pause_s: tuple[float, float],
+                 pause_db: tuple[float, float], num_mel_bins: int = 80) -> None:
+        self.prob, self.max_utterances = prob, max_utterances
+        self.pause_s, self.pause_db = pause_s, pause_db
+        self.num_mel_bins = num_mel_bins
+        self._extractor = None
+
+    def __call__(self, features: Any, feature_lens: Any, texts: Sequence[str],
+                 ids: Sequence[str]) -> tuple[Any, Any, list[str], list[str]]:
+        import random
+
+        import torch
+
+        chosen = [i for i in range(len(texts)) if random.random() < self.prob]
+        random.shuffle(chosen)
+        groups = []
+        while len(chosen) >= 2:
+            size = min(len(chosen), random.randint(2, self.max_utterances))
+            groups.append(chosen[:size])
+            chosen = chosen[size:]
+        if not groups:
+            return features, feature_lens, list(texts), list(ids)
+        if self._extractor is None:
+            from asrprec.data.features import fbank_extractor
+
+            self._extractor = fbank_extractor(self.num_mel_bins)
+        rng = np.random.default_rng(random.getrandbits(63))
+        joined = {i for g in groups for i in g}
+        keep = [i for i in range(len(texts)) if i not in joined]
+        rows = [features[i, :n] for i, n in zip(keep, feature_lens[keep].tolist())]
+        new_texts, new_ids = [texts[i] for i in keep], [ids[i] for i in keep]
+        for g in groups:
+            parts = []
+            for k, i in enumerate(g):
+                if k:
+                    parts.append(pause_frames(random.uniform(*self.pause_s), random.uniform(*self.pause_db),
+                                              self._extractor, rng).to(features.dtype))
+                parts.append(features[i, : int(feature_lens[i])])
+            rows.append(torch.cat(parts))
+            new_texts.append(" ".join(texts[i] for i in g))
+            new_ids.append("+".join(ids[i] for i in g))
+        lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
+        return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens, new_texts, new_ids

@@ -32,7 +32,7 @@ import torch
 
 from asrprec._optional import require
 from asrprec.config import option, strict_from_dict
-from asrprec.data.augment import change_batch_tempo, count_words
+from asrprec.data.augment import UtteranceJoiner, change_batch_tempo, count_words
 from asrprec.data.buckets import Batching
 from asrprec.data.validate import filter_by_duration
 from asrprec.precision.batch_plan import CALIBRATION_SAFETY
@@ -97,6 +97,14 @@ class DataConfig:
     spec_augment_config: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     tempo_range: tuple[float, float] | None = option(
         None, metavar="LOW,HIGH", help="training: each utterance sped up by a factor drawn from [LOW, HIGH] (fbank)")
+    concat_prob: float = option(0.0, help="training: share of utterances joined, 2 to concat_max_utterances at a time "
+                                          "with pauses of faint noise between them, into one example (a model for "
+                                          "long recordings, whose chunks hold several utterances)")
+    concat_max_utterances: int = option(3, help="training: the most utterances in one joined example")
+    concat_pause_s: tuple[float, float] = option((0.2, 1.0), metavar="LOW,HIGH",
+                                                 help="training: seconds of pause between joined utterances")
+    concat_pause_db: tuple[float, float] = option((-75.0, -40.0), metavar="LOW,HIGH",
+                                                  help="training: level of the pauses' white noise, dBFS RMS")
     num_workers: int = option(0, help="dataloader worker processes")
     seed: int = 0
     min_cut_s: float = 0.5
@@ -129,6 +137,16 @@ class DataConfig:
             self.tempo_range = tuple(self.tempo_range)
             if len(self.tempo_range) != 2 or not 0 < self.tempo_range[0] <= self.tempo_range[1]:
                 raise ValueError(f"tempo_range must be (low, high) with 0 < low <= high, got {self.tempo_range}")
+        if not 0 <= self.concat_prob <= 1:
+            raise ValueError(f"concat_prob must be in [0, 1], got {self.concat_prob}")
+        if self.concat_max_utterances < 2:
+            raise ValueError(f"concat_max_utterances must be >= 2, got {self.concat_max_utterances}")
+        for name in ("concat_pause_s", "concat_pause_db"):
+            value = tuple(getattr(self, name))
+            if len(value) != 2 or value[0] > value[1] or (name == "concat_pause_s" and value[0] <= 0):
+                raise ValueError(f"{name} must be (low, high) with low <= high{' and low > 0' if name.endswith('s') else ''}"
+                                 f", got {value}")
+            setattr(self, name, value)
         if self.num_buckets < 1:
             raise ValueError(f"num_buckets must be >= 1, got {self.num_buckets}")
         if self.num_workers < 0:
@@ -164,10 +182,12 @@ class AsrDataset(torch.utils.data.Dataset):
                  seed: int = 0, drop_empty_transcripts: bool = True,
                  cut_transforms: Sequence[Callable[[Any], Any]] = (),
                  tempo_range: tuple[float, float] | None = None,
-                 count_tokens: Callable[[str], int] | None = None) -> None:
+                 count_tokens: Callable[[str], int] | None = None,
+                 joiner: UtteranceJoiner | None = None) -> None:
         super().__init__()
         self.drop_empty_transcripts = drop_empty_transcripts
         self.spec_augment = spec_augment
+        self.joiner = joiner  # several utterances into one example, before the tempo
         self.tempo_range = tempo_range  # asrprec.data.augment.change_tempo, before SpecAugment
         self.count_tokens = count_tokens or count_words  # a transcript's tokens, for the tempo's floor
         # CutSet -> CutSet transforms applied before features are read (lhotse CutMix: noise mixing)
@@ -262,6 +282,9 @@ class AsrDataset(torch.utils.data.Dataset):
             features, feature_lens, cuts = self._without_nonfinite(features, feature_lens, cuts, finite, dropped)
         cut_ids = [c.id for c in cuts]
         texts = [" ".join((s.text or "").strip() for s in c.supervisions).strip() for c in cuts]
+        if self.joiner is not None and cut_ids:
+            with seeded_rng(seed_from(self.seed, self.epoch, "join", *sorted(cut_ids))):
+                features, feature_lens, texts, cut_ids = self.joiner(features, feature_lens, texts, cut_ids)
         if self.tempo_range is not None and cut_ids:
             with seeded_rng(seed_from(self.seed, self.epoch, "tempo", *sorted(cut_ids))):
                 features, feature_lens = change_batch_tempo(features, feature_lens, texts, self.tempo_range,
@@ -460,6 +483,10 @@ def describe_augmentation(config: DataConfig, cuts: Any | None = None) -> str:
         parts.append("SpecAugment off")
     if config.tempo_range is not None:
         parts.append(f"tempo x{config.tempo_range[0]:g}-{config.tempo_range[1]:g} (fbank frames resampled)")
+    if config.concat_prob > 0:
+        parts.append(f"{config.concat_prob:g} of the utterances joined, 2-{config.concat_max_utterances} at a time, "
+                     f"with {config.concat_pause_s[0]:g}-{config.concat_pause_s[1]:g} s pauses of noise at "
+                     f"{config.concat_pause_db[0]:g} to {config.concat_pause_db[1]:g} dBFS")
     if cuts is not None:
         factors = _speed_perturbed_ids(cuts)
         parts.append(f"speed perturbation present (factors {', '.join(factors)} in the first cut ids)" if factors
@@ -562,6 +589,8 @@ class AsrDataModule:
             seed=c.seed,
             tempo_range=c.tempo_range,
             count_tokens=count_tokens,
+            joiner=UtteranceJoiner(c.concat_prob, c.concat_max_utterances, c.concat_pause_s, c.concat_pause_db,
+                                   c.num_mel_bins) if c.concat_prob > 0 else None,
         )
         loader = self._loader(dataset, sampler, seed=c.seed)
         # the training loop gives each epoch's total (asrprec.training.skips.dropped_cut_totals), and says why an

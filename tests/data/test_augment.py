@@ -79,3 +79,71 @@ def test_tempo_factor_is_uniform_and_keeps_frames_for_every_token():
     capped = [tempo_factor(rng, 1.0, 1.8, 45, 5) for _ in range(200)]  # cap 45 / (6 x 5) = 1.5
     assert max(capped) == pytest.approx(45 / (MIN_FRAMES_PER_TOKEN * 5)) and min(capped) >= 1.0
     assert tempo_factor(rng, 1.5, 1.6, 40, 10) == 1.0  # already too short (40 < 6 x 10): left as it is
+
+
+def test_pause_frames_follow_the_noise_level_in_log_power():
+    import math
+
+    from asrprec.data.augment import pause_frames
+    from asrprec.data.features import fbank_extractor
+
+    extractor, rng = fbank_extractor(), np.random.default_rng(0)
+    # above -60 dBFS: fainter noise meets the extractor's floor (log 1e-10) in the low bins, after pre-emphasis
+    quiet, loud = pause_frames(0.5, -50.0, extractor, rng), pause_frames(0.5, -20.0, extractor, rng)
+    assert quiet.shape == loud.shape == (50, 80)  # a frame every 10 ms (lhotse's Fbank does not snip the edges)
+    # 30 dB more amplitude is 30 / 10 * ln(10) = 6.91 more log mel power in every bin (white noise: flat); one
+    # bin's mean over 50 frames of a few FFT points' power scatters, the mean over all bins much less
+    shift = (loud.mean(0) - quiet.mean(0)).numpy()
+    assert abs(shift.mean() - 3 * math.log(10)) < 0.1 and np.allclose(shift, 3 * math.log(10), atol=1.0)
+    assert pause_frames(0.001, -60.0, extractor, rng).shape[0] >= 1  # never empty: at least one 25 ms window
+
+
+def _joined_rows(prob, max_utterances=3, seed=0, n=9):
+    import random
+
+    import torch
+
+    from asrprec.data.augment import UtteranceJoiner
+
+    # row i is frames of the constant i + 1 (positive; pauses are log powers of faint noise, all negative)
+    lens = torch.tensor([5 + 3 * i for i in range(n)])
+    x = torch.zeros(n, int(lens.max()), 4)
+    for i, m in enumerate(lens.tolist()):
+        x[i, :m] = i + 1
+    random.seed(seed)
+    joiner = UtteranceJoiner(prob, max_utterances, (0.2, 0.4), (-60.0, -50.0), num_mel_bins=4)
+    texts = [f"w{i}" for i in range(n)]
+    return lens, joiner(x, lens, texts, [str(i) for i in range(n)])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_joined_examples_hold_their_utterances_in_order_with_pauses(seed):
+    lens, (y, y_lens, texts, ids) = _joined_rows(prob=0.7, seed=seed)
+    seen = []
+    for row, (m, text, ident) in enumerate(zip(y_lens.tolist(), texts, ids)):
+        assert (y[row, m:] == 0).all()  # zero padding after the row's frames
+        frames = y[row, :m, 0].tolist()
+        # read the row back: runs of a positive constant are utterances, negative runs are pauses
+        runs, k = [], 0
+        while k < m:
+            j = k
+            while j < m and (frames[j] > 0) == (frames[k] > 0) and (frames[k] < 0 or frames[j] == frames[k]):
+                j += 1
+            runs.append((frames[k], j - k))
+            k = j
+        utts = [(int(v) - 1, r) for v, r in runs if v > 0]
+        pauses = [r for v, r in runs if v < 0]
+        assert [u for u, _ in utts] == [int(i) for i in ident.split("+")]
+        assert text == " ".join(f"w{u}" for u, _ in utts)
+        assert all(r == int(lens[u]) for u, r in utts)  # every frame of each utterance, none lost
+        assert len(pauses) == len(utts) - 1 and all(20 <= r <= 40 for r in pauses)  # 0.2-0.4 s of 10 ms frames
+        assert len(utts) <= 3
+        seen += [u for u, _ in utts]
+    assert sorted(seen) == list(range(len(lens)))  # each utterance exactly once
+
+
+def test_joining_nothing_or_everything():
+    lens, (y, y_lens, texts, ids) = _joined_rows(prob=0.0)
+    assert ids == [str(i) for i in range(9)] and y_lens.tolist() == lens.tolist()
+    lens, (_, _, texts, ids) = _joined_rows(prob=1.0, max_utterances=2)
+    assert sum("+" in i for i in ids) == 4 and len(ids) == 5  # four pairs and the odd one out

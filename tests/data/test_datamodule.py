@@ -170,3 +170,31 @@ def test_the_duration_filter_counts_what_it_keeps_eager_and_lazy(tmp_path):
         assert counts.kept_in_pass() == (0, 0.0)
         assert [c.duration for c in lazy] == [1.0, 2.5, 4.0]
         assert counts.kept_in_pass() == (3, 7.5) and sum(counts.dropped_in_pass().values()) == 2
+
+
+@needs_espeak
+def test_joined_training_examples_keep_every_utterance_and_the_seed(tiny_fbank):
+    _, cuts = tiny_fbank
+    train = cuts["train"]
+    frames = {c.id: c.num_frames for c in train}
+    texts = {c.id: c.supervisions[0].text for c in train}
+    config = DataConfig(max_duration=100.0, num_buckets=1, spec_augment=False, min_cut_s=0.0, concat_prob=1.0,
+                        concat_max_utterances=2, concat_pause_s=(0.3, 0.3), concat_pause_db=(-60.0, -60.0))
+    batches = list(AsrDataModule(config).train_dataloader(train))
+    ids = [i for b in batches for cid in b["cut_ids"] for i in cid.split("+")]
+    assert sorted(ids) == sorted(frames)  # every utterance once
+    pause = 30  # 0.3 s of 10 ms frames
+    for b in batches:
+        for cid, n, text in zip(b["cut_ids"], b["feature_lens"].tolist(), b["texts"]):
+            parts = cid.split("+")
+            assert n == sum(frames[p] for p in parts) + pause * (len(parts) - 1)
+            assert text == " ".join(texts[p] for p in parts)
+    assert sum("+" in cid for b in batches for cid in b["cut_ids"]) == len(frames) // 2
+    again = list(AsrDataModule(config).train_dataloader(train))  # seeded per batch: a resume sees the same
+    assert all(torch.equal(a["features"], b["features"]) for a, b in zip(batches, again))
+    for b in AsrDataModule(config).valid_dataloader(train):  # validation keeps its utterances apart
+        assert not any("+" in cid for cid in b["cut_ids"])
+    with pytest.raises(ValueError, match="concat_prob"):
+        DataConfig(concat_prob=1.5)
+    with pytest.raises(ValueError, match="concat_pause_s"):
+        DataConfig(concat_pause_s=(0.0, 0.5))
