@@ -221,19 +221,20 @@ def words_from_ids(id_to_piece: Callable[[int], str], tokens: Sequence[int], fra
 
 
 def words_from_token_times(pieces: Sequence[str], times: Sequence[float], duration: float | None = None, *,
-                           frame_shift: float = FRAME_SHIFT_S) -> list[WordSpan]:
+                           frame_shift: float = FRAME_SHIFT_S, durations: Sequence[int] | None = None
+                           ) -> list[WordSpan]:
     """:func:`word_spans` of tokens timed in seconds, as sherpa-onnx's ``OfflineRecognitionResult`` gives them
     (``tokens``: the pieces, ``timestamps``: each one's start): times go to the nearest frame; ``duration``: the
     audio's seconds, which the words stay within (a token timed later, as a streaming decode's tail padding can
-    give, is put on the audio's last frame)."""
+    give, is put on the audio's last frame). ``durations``: TDT tokens' durations in frames."""
     frames = [max(0, int(round(t / frame_shift))) for t in times]
     num_frames = None if duration is None else max(1, math.ceil(duration / frame_shift - 1e-9))
     if num_frames is None:
-        return word_spans(pieces, frames, frame_shift=frame_shift)
+        return word_spans(pieces, frames, durations, frame_shift=frame_shift)
     frames = [min(f, num_frames - 1) for f in frames]
     # the last frame may pass the audio's end (a part of a frame): ends are cut there
     return [WordSpan(w.word, w.start, min(w.end, duration))
-            for w in word_spans(pieces, frames, num_frames=num_frames, frame_shift=frame_shift)]
+            for w in word_spans(pieces, frames, durations, num_frames=num_frames, frame_shift=frame_shift)]
 
 
 def segment_spans(words: Sequence[WordSpan], *, max_gap_s: float | None = SEGMENT_GAP_S,

@@ -5,12 +5,17 @@ encoders fed ``T`` frames per call and advanced ``decode_chunk_len`` frames (k2-
 ``online-recognizer-transducer-impl.h``), with the initial states sherpa-onnx builds from the encoder's metadata
 (``online-zipformer2-transducer-model.cc`` ``GetEncoderInitStates``).
 
+Every ``decode`` takes ``return_frames=True`` to give :class:`FramedTokens` instead of token lists: each token's
+encoder frame (40 ms; sherpa-onnx's ``timestamps`` are these frames x 40 ms) and a TDT token's duration, which
+:func:`asrprec.timestamps.words_from_ids` turns into word times.
+
 Legend: N utterances (streams), T feature frames, F feature bins, T' encoder frames, J joiner width, V vocabulary.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -27,6 +32,23 @@ if TYPE_CHECKING:
     import torch
 
 ArrayLike = Union[np.ndarray, "torch.Tensor"]
+
+
+@dataclass
+class FramedTokens:
+    """One utterance's token ids, the encoder frame that emitted each (a CTC token: the first frame of its run; a
+    streaming decode: counted from the stream's start) and, for a TDT model, each token's predicted duration in
+    frames (None otherwise)."""
+
+    tokens: List[int] = field(default_factory=list)
+    frames: List[int] = field(default_factory=list)
+    durations: Optional[List[int]] = None
+
+
+def _framed(hyps: List[List[int]], frames: List[List[int]], durations: Optional[List[List[int]]] = None
+            ) -> List[FramedTokens]:
+    return [FramedTokens(h, f, None if durations is None else d)
+            for h, f, d in zip(hyps, frames, durations or [None] * len(hyps))]
 
 
 def _numpy(x: ArrayLike, dtype) -> np.ndarray:
@@ -96,10 +118,13 @@ class _DecoderJoiner:
         a, b = (i.name for i in self.joiner.get_inputs())
         return self.joiner.run(None, {a: encoder_out, b: decoder_out})[0]
 
-    def tdt_greedy(self, encoder_out: np.ndarray, lens: np.ndarray, max_sym_per_frame: int = 1) -> List[List[int]]:
+    def tdt_greedy(self, encoder_out: np.ndarray, lens: np.ndarray, max_sym_per_frame: int = 1,
+                   frames: Optional[List[List[int]]] = None, token_durations: Optional[List[List[int]]] = None
+                   ) -> List[List[int]]:
         """TDT greedy search over (n, T', J) ``encoder_out`` with ``lens`` valid frames per row, by the rules of
         :mod:`asrprec.decoding.tdt` (each row jumps by its predicted duration, a blank at least one frame, at most
-        ``max_sym_per_frame`` tokens on one frame), ``unk_id`` counting as blank; n token-id lists."""
+        ``max_sym_per_frame`` tokens on one frame), ``unk_id`` counting as blank; n token-id lists. ``frames`` and
+        ``token_durations`` (n lists each), when given, get each token's frame and predicted duration."""
         n, V = encoder_out.shape[0], self.vocab_size
         durations = np.asarray(self.durations, dtype=np.int64)
         hyps: List[List[int]] = [[] for _ in range(n)]
@@ -118,17 +143,22 @@ class _DecoderJoiner:
             blank = tokens == self.blank_id
             if self.unk_id is not None:
                 blank |= tokens == self.unk_id
+            if token_durations is not None:
+                for r, d in zip(rows[~blank].tolist(), jumps[~blank].tolist()):
+                    token_durations[r].append(int(d))
+            emitted_at = t[rows][~blank]
             jumps = np.where(blank, np.maximum(jumps, 1), jumps)
             count = np.where(~blank & (jumps == 0), sym[rows] + 1, 0)
             capped = count >= max_sym_per_frame
             t[rows] += np.where(capped, 1, jumps)
             sym[rows] = np.where(capped, 0, count)
-            self._emit(rows[~blank], tokens[~blank], hyps, contexts, dec)
+            self._emit(rows[~blank], tokens[~blank], hyps, contexts, dec, frames, emitted_at)
 
     def greedy_frames(self, encoder_out: np.ndarray, lens: np.ndarray, hyps: List[List[int]], contexts: np.ndarray,
-                      dec: np.ndarray) -> None:
+                      dec: np.ndarray, frames: Optional[List[List[int]]] = None, offset: int = 0) -> None:
         """Greedy search over (n, T', J) ``encoder_out`` (``lens`` valid frames per row), at most one symbol per
-        frame (``unk_id`` counting as blank), updating ``hyps``, ``contexts`` (n, C) and ``dec`` (n, J) in place."""
+        frame (``unk_id`` counting as blank), updating ``hyps``, ``contexts`` (n, C) and ``dec`` (n, J) in place;
+        ``frames`` (n lists), when given, gets each token's frame plus ``offset``."""
         for t in range(encoder_out.shape[1]):
             rows = np.nonzero(lens > t)[0]
             if rows.size == 0:
@@ -137,15 +167,20 @@ class _DecoderJoiner:
             emitted = tokens != self.blank_id
             if self.unk_id is not None:
                 emitted &= tokens != self.unk_id
-            self._emit(rows[emitted], tokens[emitted], hyps, contexts, dec)
+            self._emit(rows[emitted], tokens[emitted], hyps, contexts, dec, frames,
+                       np.full(int(emitted.sum()), t + offset))
 
     def _emit(self, rows: np.ndarray, tokens: np.ndarray, hyps: List[List[int]], contexts: np.ndarray,
-              dec: np.ndarray) -> None:
-        """Append ``tokens`` to the hypotheses of ``rows`` and advance their decoder context and output in place."""
+              dec: np.ndarray, frames: Optional[List[List[int]]] = None, at: Optional[np.ndarray] = None) -> None:
+        """Append ``tokens`` to the hypotheses of ``rows`` (and their frames ``at`` to ``frames``) and advance their
+        decoder context and output in place."""
         if rows.size == 0:
             return
         for r, k in zip(rows.tolist(), tokens.tolist()):
             hyps[r].append(int(k))
+        if frames is not None:
+            for r, f in zip(rows.tolist(), at.tolist()):
+                frames[r].append(int(f))
         contexts[rows] = np.concatenate([contexts[rows, 1:], tokens[:, None].astype(np.int64)], axis=1)
         dec[rows] = self.decoder_out(contexts[rows])
 
@@ -169,21 +204,27 @@ class OnnxOfflineModel(_DecoderJoiner):
         out, out_lens = self.encoder.run(None, {x: _numpy(features, np.float32), x_lens: _numpy(feature_lens, np.int64)})
         return out, out_lens.astype(np.int64)
 
-    def greedy_search(self, encoder_out: np.ndarray, encoder_out_lens: np.ndarray) -> List[List[int]]:
+    def greedy_search(self, encoder_out: np.ndarray, encoder_out_lens: np.ndarray, return_frames: bool = False
+                      ) -> Union[List[List[int]], List[FramedTokens]]:
         """Greedy search, one symbol per frame (a TDT model: :meth:`tdt_greedy`); returns N token-id lists (no
-        blanks)."""
-        if self.durations:
-            return self.tdt_greedy(encoder_out, encoder_out_lens)
+        blanks), or with ``return_frames`` N :class:`FramedTokens`."""
         n = encoder_out.shape[0]
         hyps: List[List[int]] = [[] for _ in range(n)]
+        frames = [[] for _ in range(n)] if return_frames else None
+        if self.durations:
+            durations = [[] for _ in range(n)] if return_frames else None
+            hyps = self.tdt_greedy(encoder_out, encoder_out_lens, frames=frames, token_durations=durations)
+            return _framed(hyps, frames, durations) if return_frames else hyps
         contexts = self.start_contexts(n)
         dec = self.decoder_out(contexts) if n else None
-        self.greedy_frames(encoder_out, np.asarray(encoder_out_lens), hyps, contexts, dec)
-        return hyps
+        self.greedy_frames(encoder_out, np.asarray(encoder_out_lens), hyps, contexts, dec, frames)
+        return _framed(hyps, frames) if return_frames else hyps
 
-    def decode(self, features: ArrayLike, feature_lens: ArrayLike) -> List[List[int]]:
-        """Encode and greedy-search a padded batch: N token-id lists in the input order."""
-        return self.greedy_search(*self.encode(features, feature_lens))
+    def decode(self, features: ArrayLike, feature_lens: ArrayLike, return_frames: bool = False
+               ) -> Union[List[List[int]], List[FramedTokens]]:
+        """Encode and greedy-search a padded batch: N token-id lists in the input order (with ``return_frames``,
+        N :class:`FramedTokens`)."""
+        return self.greedy_search(*self.encode(features, feature_lens), return_frames=return_frames)
 
 
 class OnnxStreamingModel(_DecoderJoiner):
@@ -272,23 +313,29 @@ class OnnxStreamingModel(_DecoderJoiner):
                 s[tuple(index)] = v
             yield rows, out
 
-    def decode(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0) -> List[List[int]]:
+    def decode(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0,
+               return_frames: bool = False) -> Union[List[List[int]], List[FramedTokens]]:
         """Decode a padded batch as streams, each running the steps sherpa-onnx would run for it (whole chunks only).
 
         The features should be those of the audio a client sends, silence at the end included (sherpa-onnx's
         examples append 0.66 s; :func:`asrprec.data.features.pad_with_silence` pads cuts so). Without it,
         ``tail_padding_frames`` appends frames of digital silence (:data:`SILENCE_LOG_MEL`) to the features, close to
-        that but not equal at the last frames of speech. Returns N token-id lists in the input order."""
+        that but not equal at the last frames of speech. Returns N token-id lists in the input order (with
+        ``return_frames``, N :class:`FramedTokens`)."""
         n = len(feature_lens)
         hyps: List[List[int]] = [[] for _ in range(n)]
+        frames = [[] for _ in range(n)] if return_frames else None
         contexts = self.start_contexts(n)
         dec = self.decoder_out(contexts) if n else None
+        done = 0  # encoder frames of the chunks before this one
         for rows, out in self.stream_chunks(features, feature_lens, tail_padding_frames):
             sub_hyps = [hyps[r] for r in rows]
+            sub_frames = None if frames is None else [frames[r] for r in rows]
             sub_ctx, sub_dec = contexts[rows], dec[rows]
-            self.greedy_frames(out, np.full(len(rows), out.shape[1]), sub_hyps, sub_ctx, sub_dec)
+            self.greedy_frames(out, np.full(len(rows), out.shape[1]), sub_hyps, sub_ctx, sub_dec, sub_frames, done)
             contexts[rows], dec[rows] = sub_ctx, sub_dec
-        return hyps
+            done += out.shape[1]
+        return _framed(hyps, frames) if return_frames else hyps
 
 
 class OnnxCtcOfflineModel:
@@ -311,21 +358,28 @@ class OnnxCtcOfflineModel:
         lp, lens = self.model.run(None, {x: _numpy(features, np.float32), x_lens: _numpy(feature_lens, np.int64)})
         return lp, lens.astype(np.int64)
 
-    def decode(self, features: ArrayLike, feature_lens: ArrayLike) -> List[List[int]]:
-        """Greedy CTC search of a padded batch: N token-id lists in the input order."""
+    def decode(self, features: ArrayLike, feature_lens: ArrayLike, return_frames: bool = False
+               ) -> Union[List[List[int]], List[FramedTokens]]:
+        """Greedy CTC search of a padded batch: N token-id lists in the input order (with ``return_frames``, N
+        :class:`FramedTokens`)."""
         lp, lens = self.log_probs(features, feature_lens)
-        return [_ctc_greedy(lp[i, : lens[i]], -1, self.blank_id)[0] for i in range(lp.shape[0])]
+        found = [_ctc_greedy(lp[i, : lens[i]], -1, self.blank_id) for i in range(lp.shape[0])]
+        if return_frames:
+            return [FramedTokens(tokens, frames) for tokens, frames, _ in found]
+        return [tokens for tokens, _, _ in found]
 
 
-def _ctc_greedy(log_probs: np.ndarray, prev: int, blank_id: int) -> tuple[List[int], int]:
+def _ctc_greedy(log_probs: np.ndarray, prev: int, blank_id: int, offset: int = 0
+                ) -> tuple[List[int], List[int], int]:
     """(T, V): argmax per frame, a token emitted when it is not blank and not the previous frame's argmax ``prev``;
-    returns the tokens and the last frame's argmax."""
-    tokens = []
-    for k in log_probs.argmax(axis=-1).tolist():
+    returns the tokens, the frame (plus ``offset``) where each one's run starts, and the last frame's argmax."""
+    tokens, frames = [], []
+    for t, k in enumerate(log_probs.argmax(axis=-1).tolist()):
         if k != blank_id and k != prev:
             tokens.append(int(k))
+            frames.append(t + offset)
         prev = k
-    return tokens, prev
+    return tokens, frames, prev
 
 
 class OnnxCtcStreamingModel(OnnxStreamingModel):
@@ -338,17 +392,23 @@ class OnnxCtcStreamingModel(OnnxStreamingModel):
         self._load_encoder(model, num_threads)
         self.vocab_size = int(self.encoder.get_outputs()[0].shape[2])
 
-    def decode(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0) -> List[List[int]]:
+    def decode(self, features: ArrayLike, feature_lens: ArrayLike, tail_padding_frames: int = 0,
+               return_frames: bool = False) -> Union[List[List[int]], List[FramedTokens]]:
         """Decode a padded batch as streams, whole chunks only (see :meth:`OnnxStreamingModel.decode` for the
-        features to pass). Returns N token-id lists in the input order."""
+        features to pass). Returns N token-id lists in the input order (with ``return_frames``, N
+        :class:`FramedTokens`)."""
         n = len(feature_lens)
         hyps: List[List[int]] = [[] for _ in range(n)]
+        frames: List[List[int]] = [[] for _ in range(n)]
         prev = [-1] * n
+        done = 0  # encoder frames of the chunks before this one
         for rows, out in self.stream_chunks(features, feature_lens, tail_padding_frames):
             for j, r in enumerate(rows.tolist()):
-                tokens, prev[r] = _ctc_greedy(out[j], prev[r], self.blank_id)
+                tokens, at, prev[r] = _ctc_greedy(out[j], prev[r], self.blank_id, done)
                 hyps[r] += tokens
-        return hyps
+                frames[r] += at
+            done += out.shape[1]
+        return _framed(hyps, frames) if return_frames else hyps
 
 
 def load_onnx_model(model_dir: Path | str, variant: Optional[str] = None, num_threads: int = 1,

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Decode the espeak test (and dev) speakers with an exported model (recipes/espeak/export.py), by onnxruntime or by
-sherpa-onnx itself, with greedy search; write recogs, errs and WER files as decode.py does (with sherpa-onnx also the
-word times, ctm-<split>-<tag>.txt, and segments-<split>-<tag>.txt, from its token times). A CTC export (model.onnx;
+sherpa-onnx itself, with greedy search; write recogs, errs and WER files as decode.py does, and the word times,
+ctm-<split>-<tag>.txt, and segments-<split>-<tag>.txt, from the runtime's token times (sherpa-onnx's ``timestamps``;
+onnxruntime: the encoder frame that emitted each token, a TDT token's duration). A CTC export (model.onnx;
 --ctc for the CTC head of a hybrid's folder) runs CTC greedy search (sherpa-onnx's zipformer CTC recognisers).
 
     python recipes/espeak/onnx_decode.py --onnx-dir recipes/espeak/exp/fp32/onnx-epoch-10-avg-3 [--variant int8] \
@@ -26,7 +27,8 @@ import torch
 from asrprec.data import AsrDataModule, DataConfig, load_fbank_cuts
 from asrprec.data.features import at_feature_rate, pad_with_silence, report_audio_formats
 from asrprec.data.frames import FRAME_SHIFT_S
-from asrprec.timestamps import ctm_path, segments_path, write_ctm, write_segments
+from asrprec.timestamps import FRAME_SHIFT_S as ENCODER_FRAME_S
+from asrprec.timestamps import ctm_path, segments_path, words_from_token_times, write_ctm, write_segments
 from asrprec.export import OnnxCtcOfflineModel, OnnxCtcStreamingModel, load_onnx_model
 from asrprec.export.sherpa import recognize_timed
 from asrprec.metrics import RtfxMeter, read_recogs, write_error_stats, write_recogs
@@ -62,8 +64,8 @@ def is_ctc(model) -> bool:
 
 
 def decode_split(args, model, tokenizer, cuts, data, streaming):
-    """``(cut_id, ref_words, hyp_words)`` per cut, the RTFx meter, and with sherpa-onnx each cut's word spans from
-    its token times (None with onnxruntime)."""
+    """``(cut_id, ref_words, hyp_words)`` per cut, the RTFx meter, and each cut's word spans from the runtime's
+    token times."""
     meter = RtfxMeter()
     results = []
     if args.runtime == "sherpa-onnx":
@@ -78,6 +80,8 @@ def decode_split(args, model, tokenizer, cuts, data, streaming):
         for cut, hyp in zip(cuts, hyps):
             results.append((cut.id, cut.supervisions[0].text.split(), tokenizer.decode(hyp.ids).split()))
         return results, meter, [(cut.id, hyp.words(cut.duration)) for cut, hyp in zip(cuts, hyps)]
+    seconds = {c.id: c.duration for c in cuts}  # the words stay inside the audio (no tail padding)
+    words = []
     if streaming:
         # the audio a sherpa-onnx client sends, features computed from it (as sherpa-onnx does)
         cuts = pad_with_silence(at_feature_rate(cuts), args.tail_padding)
@@ -88,10 +92,13 @@ def decode_split(args, model, tokenizer, cuts, data, streaming):
             lens = batch["feature_lens"][part]
             feats = batch["features"][part, : int(lens.max())]
             with meter.measure(audio_seconds=float(lens.sum()) * FRAME_SHIFT_S):
-                hyps = model.decode(feats, lens)
+                hyps = model.decode(feats, lens, return_frames=True)
             for cut_id, ref, hyp in zip(batch["cut_ids"][part], batch["texts"][part], hyps):
-                results.append((cut_id, ref.split(), tokenizer.decode(hyp).split()))
-    return results, meter, None
+                results.append((cut_id, ref.split(), tokenizer.decode(hyp.tokens).split()))
+                words.append((cut_id, words_from_token_times(
+                    [tokenizer.id_to_piece(t) for t in hyp.tokens], [f * ENCODER_FRAME_S for f in hyp.frames],
+                    seconds[cut_id], durations=hyp.durations)))
+    return results, meter, words
 
 
 def main() -> None:
@@ -118,9 +125,8 @@ def main() -> None:
     for split in args.splits:
         results, meter, words = decode_split(args, model, tokenizer, cuts[split], data, model.streaming)
         write_recogs(res_dir / f"recogs-{split}-{tag}.txt", results)
-        if words is not None:  # sherpa-onnx's token times: word times and segments beside the recogs
-            write_ctm(ctm_path(res_dir, split, tag), words)
-            write_segments(segments_path(res_dir, split, tag), words)
+        write_ctm(ctm_path(res_dir, split, tag), words)  # word times and segments beside the recogs
+        write_segments(segments_path(res_dir, split, tag), words)
         wer = write_error_stats(res_dir / f"errs-{split}-{tag}.txt", results, title=f"{split} {tag}").wer_percent
         summary[split] = {"wer": wer, "rtfx": meter.rtfx, "utterances": len(results)}
         line = f"{split}: WER {wer:.2f}% ({tag}); RTFx {meter.rtfx:.1f}"

@@ -160,9 +160,14 @@ def test_offline_recognizer_gives_asrprec_ctc_greedy_search(ctc_exported, ctc_mo
     _identical(_sherpa(ctc_exported["hybrid"].model.parent, waves, tmp_path, streaming=False), want)
     runtime = load_onnx_model(ctc_exported["hybrid"].model.parent, ctc=True)
     feats = [fbank(w) for w in waves]
-    got = runtime.decode(torch.nn.utils.rnn.pad_sequence(feats, batch_first=True),
-                         torch.tensor([f.shape[0] for f in feats]))
-    _identical(got, want)
+    padded, lens = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True), torch.tensor([f.shape[0] for f in feats])
+    _identical(runtime.decode(padded, lens), want)
+    # each token's frame: the first frame of its run, as asrprec's ctc_greedy_search(return_timestamps=True)
+    with torch.no_grad():
+        enc, enc_lens = model.encode(padded, lens)
+        tokens, frames = ctc_greedy_search(model.ctc_log_probs(enc), enc_lens, return_timestamps=True)
+    timed = runtime.decode(padded, lens, return_frames=True)
+    assert [r.tokens for r in timed] == tokens and [r.frames for r in timed] == frames
 
 
 def test_online_recognizer_gives_asrprec_streaming_ctc_greedy_search(ctc_exported, ctc_models, waves, fbank,
@@ -182,6 +187,13 @@ def test_online_recognizer_gives_asrprec_streaming_ctc_greedy_search(ctc_exporte
     _identical(_sherpa(ctc_exported["streaming"].model.parent, waves, tmp_path, streaming=True, batch=2), want)
     runtime = load_onnx_model(ctc_exported["streaming"].model.parent)  # a CTC-only folder: found without ctc=True
     _identical(runtime.decode(padded, lens), want)
+    # frames counted from the stream's start across chunks, as asrprec's streaming search counts them
+    mine = streaming_decode(model, padded, lens, DecodingOptions(method="ctc_greedy_search"), CHUNK, LEFT,
+                            whole_chunks_only=True, return_timestamps=True)
+    timed = runtime.decode(padded, lens, return_frames=True)
+    assert [r.tokens for r in timed] == [list(r.tokens) for r in mine]
+    assert [r.frames for r in timed] == [list(r.frames) for r in mine]
+    assert max(f for r in timed for f in r.frames) >= 2 * CHUNK // 2  # tokens beyond the first chunks
 
 
 @pytest.mark.parametrize("variant", ["fp16", "int8"])

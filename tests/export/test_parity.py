@@ -104,6 +104,13 @@ def test_onnxruntime_decoding_is_asrprec_greedy_search(exported, models, waves, 
         model = models[kind]
         with torch.no_grad():
             want = greedy_search(model, *model.encode(x, lens), max_sym_per_frame=1)
-        got = load_onnx_model(exported[kind].encoder.parent).decode(x, lens)
+        runtime = load_onnx_model(exported[kind].encoder.parent)
+        got = runtime.decode(x, lens)
         assert got == want, kind
         assert sum(map(len, want)) >= 5 * len(want) and len({k for h in want for k in h}) >= 5  # not trivial
+        # each token's encoder frame too: the frame asrprec's search emitted it on (the CTM's times)
+        with torch.no_grad():
+            _, frames = greedy_search(model, *model.encode(x, lens), max_sym_per_frame=1, return_timestamps=True)
+        timed = runtime.decode(x, lens, return_frames=True)
+        assert [r.tokens for r in timed] == want and [r.frames for r in timed] == frames, kind
+        assert all(r.durations is None for r in timed)

@@ -77,7 +77,7 @@ def test_joiner_graph_has_the_duration_head(tdt):
 def test_onnxruntime_decoding_is_asrprec_tdt_greedy_search(tdt):
     """The onnxruntime search over the exported files gives the tokens of asrprec's TDT greedy search (one token
     per frame) on the PyTorch model, for a padded batch, following jumps of every duration."""
-    from asrprec.decoding import TdtLabelLoopingGreedy, tdt_greedy_search
+    from asrprec.decoding import DecodingOptions, TdtLabelLoopingGreedy, decode, tdt_greedy_search
     from asrprec.export import load_onnx_model
 
     model, feats, ex = tdt
@@ -87,8 +87,15 @@ def test_onnxruntime_decoding_is_asrprec_tdt_greedy_search(tdt):
         enc, enc_lens = model.encode(x, lens)
         want, frames = tdt_greedy_search(model, enc, enc_lens, 1, return_timestamps=True)
         assert TdtLabelLoopingGreedy(model)(enc, enc_lens) == want
-    got = load_onnx_model(ex.encoder.parent).decode(x, lens)
+    runtime = load_onnx_model(ex.encoder.parent)
+    got = runtime.decode(x, lens)
     assert got == want
+    # with each token's frame and predicted duration, as asrprec's TDT greedy search reports them
+    timed = runtime.decode(x, lens, return_frames=True)
+    with torch.no_grad():
+        mine = decode(model, x, lens, DecodingOptions(method="greedy_search"), return_timestamps=True)
+    assert [list(r.tokens) for r in mine] == want and [r.frames for r in timed] == frames
+    assert [r.durations for r in timed] == [list(r.durations) for r in mine]
     assert sum(map(len, want)) >= 5 * len(want) and len({k for h in want for k in h}) >= 5  # not trivial
     jumps = {b - a for f in frames for a, b in zip(f, f[1:])}
     assert {2, 3, 4} <= jumps  # tokens followed jumps of several durations
