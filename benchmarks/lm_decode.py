@@ -26,7 +26,7 @@ import decode as bench  # noqa: E402  (benchmarks/decode.py: loading and interle
 
 from asrprec.data.frames import FRAME_SHIFT_S  # noqa: E402
 from asrprec.decoding import (  # noqa: E402
-    LabelLoopingGreedy, ctc_prefix_beam_search, modified_beam_search,
+    DecodingOptions, LabelLoopingGreedy, Searcher, ctc_prefix_beam_search, modified_beam_search,
 )
 from asrprec.decoding.batched_beam import MalsdBeamSearch  # noqa: E402
 from asrprec.decoding.fusion import Fusion  # noqa: E402
@@ -57,6 +57,10 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def search_for(model, method: str, beam: int, fusion):
+    if getattr(model, "durations", None) and method in ("greedy_search", "modified_beam_search"):
+        # a TDT model: the library's table picks its TDT searches (label looping greedy, TDT beam search)
+        searcher = Searcher(model, DecodingOptions(method=method, beam=beam, greedy_method="label_looping"))
+        return lambda enc, lens: searcher(enc, lens, fusion)
     if method == "greedy_search":
         looping = LabelLoopingGreedy(model, 1)
         return lambda enc, lens: looping(enc, lens, fusion=fusion)

@@ -17,6 +17,8 @@ speakers differ by accent, variant, vocal-tract length, pitch, range and rate.
   varies its speaker's rate by ``rate_jitter``.
 * ``test-names`` (the test voices, drawn anew): sentences of which about half (``name_prob``) begin with a name
   from :data:`NAMES`, words no other split says, for measuring hot-phrase boosting on words a model never heard.
+  With ``train_name_count`` > 0, each name also begins that many training sentences (boosting words a model
+  heard only a few times).
 * Audio: espeak's 22,050 Hz resampled to 16 kHz (:mod:`asrprec.data.resample`), levelled to a
   random loudness, optionally reverberated (synthetic exponential RIR) and noised at an SNR
   (:mod:`asrprec.data.augment`); written as 16-bit FLAC.
@@ -96,6 +98,7 @@ class CorpusConfig:
     num_test_fast: int = 0
     num_test_names: int = 0
     name_prob: float = 0.5  # share of test-names sentences that hold a name
+    train_name_count: int = 0  # training sentences that begin with each name (module doc)
     seed: int = 0
     num_dev_speakers: int = 20
     num_test_speakers: int = 20
@@ -115,7 +118,7 @@ class CorpusConfig:
     version: int = CORPUS_VERSION
 
     def __post_init__(self) -> None:
-        for name in ("num_train", "num_dev", "num_test", "num_test_fast", "num_test_names"):
+        for name in ("num_train", "num_dev", "num_test", "num_test_fast", "num_test_names", "train_name_count"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.shard_size < 1:
@@ -152,6 +155,8 @@ class CorpusConfig:
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if not d["train_name_count"]:  # the corpus.json of folders made before the field existed still matches
+            del d["train_name_count"]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
@@ -165,9 +170,7 @@ def random_text(rng: np.random.Generator, cfg: CorpusConfig, *, names: bool = Fa
     if names:
         text = random_text(rng, dataclasses.replace(cfg, digit_prob=0.0))
         if rng.random() < cfg.name_prob:
-            words = text.split()
-            verb = next(i for i, w in enumerate(words) if w in VERBS)
-            text = " ".join([NAMES[rng.integers(len(NAMES))]] + words[verb:])
+            text = _with_name(text, NAMES[rng.integers(len(NAMES))])
         return text
     if rng.random() < cfg.digit_prob:
         n = int(rng.integers(cfg.min_digits, cfg.max_digits + 1))
@@ -185,6 +188,26 @@ def random_text(rng: np.random.Generator, cfg: CorpusConfig, *, names: bool = Fa
     if rng.random() < 0.3:
         words.append(ADVERBS[rng.integers(len(ADVERBS))])
     return " ".join(words)
+
+
+def _with_name(sentence: str, name: str) -> str:
+    """The sentence with ``name`` in place of its first noun phrase (the words before its verb)."""
+    words = sentence.split()
+    verb = next(i for i, w in enumerate(words) if w in VERBS)
+    return " ".join([name] + words[verb:])
+
+
+def _names_in_train(plan: list[dict[str, Any]], cfg: CorpusConfig) -> None:
+    """Begin ``cfg.train_name_count`` training sentences with each of :data:`NAMES` (chosen by their own generator:
+    every other utterance stays as planned)."""
+    sentences = [s for s in plan if s["split"] == "train" and any(w in VERBS for w in s["text"].split())]
+    wanted = cfg.train_name_count * len(NAMES)
+    if wanted > len(sentences):
+        raise ValueError(f"train_name_count={cfg.train_name_count} needs {wanted} training sentences, the corpus "
+                         f"plans {len(sentences)}; fix: a smaller train_name_count or a larger num_train")
+    picked = np.random.default_rng([cfg.seed, 3]).choice(len(sentences), size=wanted, replace=False)
+    for k, i in enumerate(picked.tolist()):
+        sentences[i]["text"] = _with_name(sentences[i]["text"], NAMES[k % len(NAMES)])
 
 
 def speaker_split(seed: int, num_dev: int, num_test: int, num_test_fast: int = 0) -> dict[str, list[str]]:
@@ -250,6 +273,8 @@ def plan_corpus(cfg: CorpusConfig) -> list[dict[str, Any]]:
                 spec["rt60_s"] = float(rng.uniform(*cfg.rt60_s))
                 spec["drr_db"] = float(rng.uniform(0.0, 8.0))
             plan.append(spec)
+    if cfg.train_name_count:
+        _names_in_train(plan, cfg)
     return plan
 
 

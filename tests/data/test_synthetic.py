@@ -1,5 +1,6 @@
 """The espeak-ng corpus generator: determinism, disjoint speakers, valid manifests, errors."""
 
+import dataclasses
 import itertools
 import json
 
@@ -123,6 +124,22 @@ def test_names_are_said_only_in_test_names():
     assert not any(set(s["text"].split()) & set(synthetic.NAMES) for s in plan if s["split"] != "test-names")
     assert not set(synthetic.NAMES) & set(WORDS)
     assert {s["voice"] for s in named} <= {s["voice"] for s in plan if s["split"] == "test"}
+
+
+def test_train_name_count_puts_each_name_in_that_many_training_sentences_only():
+    base = CorpusConfig(num_train=500, num_test_names=50)
+    plain, named = plan_corpus(base), plan_corpus(dataclasses.replace(base, train_name_count=4))
+    assert len(plain) == len(named)
+    changed = [(a, b) for a, b in zip(plain, named) if a["text"] != b["text"]]
+    assert all(a["split"] == "train" and {**a, "text": ""} == {**b, "text": ""} for a, b in changed)  # text only
+    firsts = sorted(b["text"].split()[0] for _, b in changed)
+    assert firsts == sorted(synthetic.NAMES * 4)  # each name begins exactly 4 training sentences
+    for a, b in changed:  # the name replaces the first noun phrase: the verb phrase stays
+        verb = next(i for i, w in enumerate(a["text"].split()) if w in synthetic.VERBS)
+        assert b["text"].split()[1:] == a["text"].split()[verb:]
+    assert "train_name_count" not in base.to_json()  # corpus.json of folders made without it still matches
+    with pytest.raises(ValueError, match="train_name_count=200 needs 1200 training sentences"):
+        plan_corpus(dataclasses.replace(base, train_name_count=200))
 
 
 @needs_espeak
