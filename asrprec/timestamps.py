@@ -16,10 +16,12 @@ Rules (:func:`word_spans`), on sentencepiece pieces:
   word's span; they still join its text;
 * a word ends at the end of its last timed piece: that piece's frame + 1 (RNN-T, CTC spikes), or + its duration in
   frames (TDT's predicted duration, or a CTC run's length from :func:`ctc_token_runs`; at least 1);
-* without durations, that end moves on to the next word's start (or the utterance's end), by at most
-  :data:`EXTEND_FRAMES` (400 ms, about one spoken word), since a transducer or CTC emits a word's token once, near
-  its start: on the embedded recipe's Zipformer (greedy search) ends taken at the last token's frame + 1 fell 260 ms
-  early on average, and 50 ms off with the extension (``benchmarks/timestamps.py``). The cap keeps a pause out;
+* that end then moves on to the next word's start (or the utterance's end), by at most :data:`EXTEND_FRAMES`
+  (400 ms, about one spoken word), since a transducer or CTC emits a word's token once, near its start: on the
+  embedded recipe's Zipformer (greedy search) ends taken at the last token's frame + 1 fell 260 ms early on average,
+  and 50 ms off with the extension; a TDT model's last token's frame + its duration fell 150 ms early, and 44 ms off
+  with the extension (``benchmarks/timestamps.py``; TDT jumps over the word's later frames with blanks). The cap
+  keeps a pause out;
 * every end is capped at the next word's start and at the utterance's last frame. A word made only of
   zero-duration pieces lasts 0 s.
 
@@ -67,7 +69,7 @@ __all__ = ["EXTEND_FRAMES", "FEATURE_SHIFT_S", "FRAME_SHIFT_S", "SEGMENT_GAP_S",
 FEATURE_SHIFT_S = 0.01  # fbank frame shift
 SUBSAMPLING_FACTOR = 4  # Conformer: Conv2dSubsampling 4x; Zipformer: front-end 2x, output downsampling 2x
 FRAME_SHIFT_S = FEATURE_SHIFT_S * SUBSAMPLING_FACTOR  # one encoder frame: 40 ms
-EXTEND_FRAMES = 10  # how far a word's end may move towards the next word's start without durations (400 ms)
+EXTEND_FRAMES = 10  # how far a word's end may move towards the next word's start (400 ms)
 WORD_START = "\u2581"  # sentencepiece's "▁"
 #: NeMo's default segment_seperators (NVIDIA/NeMo nemo/collections/asr/parts/submodules/rnnt_decoding.py,
 #: ``RNNTDecodingConfig``; the same in ctc_decoding.py), with the ellipsis and full-width forms
@@ -202,14 +204,14 @@ def word_spans(pieces: Sequence[str], frames: Sequence[int], durations: Sequence
         num_frames: the utterance's encoder frames; spans end no later than ``num_frames * frame_shift``.
         frame_shift: seconds per encoder frame. offset: seconds added to every time (a chunk's start).
         extend_frames: at most how many frames a word's end moves towards the next word's start; None:
-            :data:`EXTEND_FRAMES` without ``durations``, 0 with them.
+            :data:`EXTEND_FRAMES`.
     Returns:
         One :class:`WordSpan` per word, in order; ``[]`` for an empty hypothesis or one of only blank-like pieces.
     Raises:
         ValueError naming the argument for unequal lengths, negative or decreasing frames, negative durations.
     """
     if extend_frames is None:
-        extend_frames = EXTEND_FRAMES if durations is None else 0
+        extend_frames = EXTEND_FRAMES
     return finish_words(token_words(pieces, frames, durations), num_frames=num_frames, frame_shift=frame_shift,
                         offset=offset, extend_frames=extend_frames)
 

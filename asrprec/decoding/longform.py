@@ -162,7 +162,7 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
     searcher = Searcher(model, search)  # refuses a method the model has no head for, before any audio is read
     min_frames = int(getattr(model, "min_input_frames", 1))
     kept: list[TokenWord] = []  # in recording frames
-    extend, num_out = 0, 0
+    num_out = 0
     for i in range(0, len(chunks), options.chunks_per_batch):
         batch = [c for c in chunks[i: i + options.chunks_per_batch] if c.end - c.start >= min_frames]
         if not batch:
@@ -172,16 +172,15 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
         encoder_out, encoder_out_lens = model.encode(x, x_lens)
         found = searcher(encoder_out, encoder_out_lens, return_timestamps=True)
         for c, r, n in zip(batch, found, encoder_out_lens.tolist()):
-            extend = EXTEND_FRAMES if r.durations is None else 0  # word_spans' default
             shift = c.start // SUBSAMPLING_FACTOR
             num_out = max(num_out, shift + n)
             own = token_words([tokenizer.id_to_piece(int(t)) for t in r.tokens], r.frames, r.durations)
             # token_words gives words in order of start, so finish_words keeps them aligned with their spans
-            spans = finish_words(own, num_frames=n, offset=c.start * FEATURE_SHIFT_S, extend_frames=extend)
+            spans = finish_words(own, num_frames=n, offset=c.start * FEATURE_SHIFT_S, extend_frames=EXTEND_FRAMES)
             kept += [w.shifted(shift, limit=n) for w, s in zip(own, spans) if c.own_start <= s.centre < c.own_end]
     end_s = feats.num_frames * FEATURE_SHIFT_S
     return [WordSpan(w.word, min(w.start, end_s), min(w.end, end_s))
-            for w in finish_words(kept, num_frames=num_out, extend_frames=extend)]
+            for w in finish_words(kept, num_frames=num_out, extend_frames=EXTEND_FRAMES)]
 
 
 def decode_long_cuts(model: nn.Module, cuts: Iterable[Any], tokenizer: Any, options: LongFormOptions | None = None,

@@ -53,18 +53,24 @@ def test_tdt_durations_extend_the_end_capped_at_the_next_word_and_the_utterance(
     out = word_spans(["\u2581ONE", "\u2581TWO"], [0, 2], [4, 3], num_frames=4)
     assert_spans(out, [("ONE", 0.0, 2 * F), ("TWO", 2 * F, 4 * F)])
     # a duration of 0 (the next piece on the same frame) counts as one frame; the word's last piece decides its end
-    out = word_spans(["\u2581B", "OX", "\u2581NOW"], [3, 3, 9], [0, 2, 1])
+    out = word_spans(["\u2581B", "OX", "\u2581NOW"], [3, 3, 9], [0, 2, 1], extend_frames=0)
     assert_spans(out, [("BOX", 3 * F, 5 * F), ("NOW", 9 * F, 10 * F)])
+    # ... from which it moves on to the next word's start, or by at most 10 frames, as without durations (a TDT
+    # model jumps over a word's later frames with blanks)
+    out = word_spans(["\u2581B", "OX", "\u2581NOW", "\u2581GO"], [3, 3, 9, 40], [0, 2, 1, 3], num_frames=60)
+    assert_spans(out, [("BOX", 3 * F, 9 * F), ("NOW", 9 * F, 20 * F), ("GO", 40 * F, 53 * F)])
 
 
 def test_punctuation_gets_zero_duration():
     # a TDT model emits "." with a long duration: it must not drag WORLD's end (nor HELLO's ",")
     pieces, frames, durs = ["\u2581HELLO", ",", "\u2581WORLD", "."], [1, 4, 6, 9], [2, 10, 2, 30]
-    out = word_spans(pieces, frames, durs, num_frames=50)
+    out = word_spans(pieces, frames, durs, num_frames=50, extend_frames=0)
     assert_spans(out, [("HELLO,", 1 * F, 3 * F), ("WORLD.", 6 * F, 8 * F)])
+    out = word_spans(pieces, frames, durs, num_frames=50)  # moved on by 10 frames at most, not by "."'s 30
+    assert_spans(out, [("HELLO,", 1 * F, 6 * F), ("WORLD.", 6 * F, 18 * F)])
     # a word of punctuation alone is an instant at its frame
     out = word_spans(["\u2581HI", "\u2581?"], [0, 5], [1, 7])
-    assert_spans(out, [("HI", 0.0, F), ("?", 5 * F, 5 * F)])
+    assert_spans(out, [("HI", 0.0, 5 * F), ("?", 5 * F, 5 * F)])
     out = word_spans(["\u2581HI", "\u2581?"], [0, 5], num_frames=30)  # no durations: HI reaches "?", which stays 0 s
     assert_spans(out, [("HI", 0.0, 5 * F), ("?", 5 * F, 5 * F)])
     assert is_zero_duration(".") and is_zero_duration("\u2581,") and is_zero_duration("<blk>")
@@ -83,9 +89,11 @@ def test_ctc_repeats_and_blanks():
     labels = [0, 5, 5, 0, 6, 0, 0, 7, 7, 7, 0, 7]
     assert ctc_token_runs(labels, blank_id=0) == ([5, 6, 7, 7], [1, 4, 7, 11], [2, 1, 3, 1])
     table = {5: "\u2581CA", 6: "T", 7: "\u2581DOG"}
-    out = words_from_ids(table.__getitem__, *ctc_token_runs(labels), num_frames=len(labels))
+    out = words_from_ids(table.__getitem__, *ctc_token_runs(labels), num_frames=len(labels), extend_frames=0)
     # CAT: from CA's first frame to one past T; the blank between repeats splits DOG DOG
     assert_spans(out, [("CAT", 1 * F, 5 * F), ("DOG", 7 * F, 10 * F), ("DOG", 11 * F, 12 * F)])
+    out = words_from_ids(table.__getitem__, *ctc_token_runs(labels), num_frames=len(labels))  # ends moved on
+    assert_spans(out, [("CAT", 1 * F, 7 * F), ("DOG", 7 * F, 11 * F), ("DOG", 11 * F, 12 * F)])
     assert ctc_token_runs([0, 0, 0]) == ([], [], [])
     assert ctc_token_runs([3, 3, 3], blank_id=0) == ([3], [0], [3])
 
@@ -132,7 +140,8 @@ def test_ctm_collector_takes_decode_dataset_results(tmp_path):
     ctm(["u3"], [Result((1, 3), (2, 4), (2, 9))])  # TDT: durations, "." without one
     # u2: A reaches B's start; B stops at the audio's end (0.2 s = 5 frames); u1 empty
     path = ctm.write(tmp_path / "ctm-test-x.txt")
-    assert path.read_text() == "u2 1 0.00 0.12 A\nu2 1 0.12 0.08 B\nu3 1 0.08 0.08 A.\n"
+    # u3 (TDT, no audio length given): A. ends at 4 + 10 frames, "."'s 9 frames not counted
+    assert path.read_text() == "u2 1 0.00 0.12 A\nu2 1 0.12 0.08 B\nu3 1 0.08 0.48 A.\n"
 
 
 def test_tokens_timed_in_seconds():
