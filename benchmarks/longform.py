@@ -33,6 +33,9 @@ import torch
 SAMPLE_RATE = 16000
 
 
+OPTION_FIELDS = ("chunk_seconds", "overlap_seconds", "chunks_per_batch", "pause_seconds", "pause_db")
+
+
 def get_parser() -> argparse.ArgumentParser:
     from asrprec.decoding.longform import LongFormOptions
 
@@ -55,7 +58,7 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, help="also write the table's numbers here")
     p.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)  # decode this WAV, print JSON
     p.add_argument("--one-pass", action="store_true", help=argparse.SUPPRESS)
-    for name in ("chunk_seconds", "overlap_seconds", "chunks_per_batch"):  # LongFormOptions' fields and defaults
+    for name in OPTION_FIELDS:  # LongFormOptions' fields and defaults
         default = getattr(LongFormOptions, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
     return p
@@ -100,7 +103,7 @@ def child(args) -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args)
     rec = Recording.from_file(args.child)
-    options = LongFormOptions(args.chunk_seconds, args.overlap_seconds, args.chunks_per_batch)
+    options = LongFormOptions(**{name: getattr(args, name) for name in OPTION_FIELDS})
     if args.one_pass:  # the whole recording as one chunk
         options = LongFormOptions(chunk_seconds=rec.duration + 1.0, overlap_seconds=0.0, chunks_per_batch=1)
     decode_long(model, Recording.from_file(args.child).to_cut().truncate(duration=2.0), tokenizer, options,
@@ -159,8 +162,8 @@ def per_utterance(args, cuts: list) -> dict[str, list[str]]:
 def run_child(args, wav: Path, one_pass: bool) -> dict:
     cmd = [sys.executable, __file__, "--child", str(wav), "--exp-dir", str(args.exp_dir), "--epoch", str(args.epoch),
            "--avg", str(args.avg), "--data-dir", str(args.data_dir), "--work-dir", str(args.work_dir),
-           "--method", args.method, "--threads", str(args.threads), "--chunk-seconds", str(args.chunk_seconds),
-           "--overlap-seconds", str(args.overlap_seconds), "--chunks-per-batch", str(args.chunks_per_batch)]
+           "--method", args.method, "--threads", str(args.threads)]
+    cmd += [a for name in OPTION_FIELDS for a in ("--" + name.replace("_", "-"), str(getattr(args, name)))]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     proc = subprocess.run(cmd + (["--one-pass"] if one_pass else []), capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -209,7 +212,8 @@ def main() -> None:
             rows.append(row)
             print(row if "error" in row else {k: v for k, v in row.items() if k != "words"}, flush=True)
     print(f"\nlong-form decoding, {args.method}, {args.exp_dir} epoch {args.epoch} avg {args.avg}; chunks "
-          f"{args.chunk_seconds:g} s, overlap {args.overlap_seconds:g} s, {args.chunks_per_batch} per batch; "
+          f"{args.chunk_seconds:g} s, overlap {args.overlap_seconds:g} s, {args.chunks_per_batch} per batch, cut at "
+          f"pauses of {args.pause_seconds:g} s ({args.pause_db:g} dB down; 0: never); "
           f"{args.threads} thread(s)")
     head = ("minutes", "mode", "utts", "words", "WER per utt %", "WER long-form %", "in utt %", "RSS peak MB",
             "RSS growth MB", "RTFx wall", "RTFx CPU")

@@ -15,6 +15,16 @@ at their chunk's last frame) therefore get the rules that look at the next word 
 (:func:`~asrprec.timestamps.finish_words`): the words come out ordered by start, none ending after the next
 starts, all inside the recording, whatever tokens and frames a model emits.
 
+With ``pause_seconds`` > 0 the recording is first cut at its pauses (:func:`plan_segments`): frames whose mel
+energy lies ``pause_db`` below the recording's speech level (the 95th percentile of its frames' energies), in runs
+of at least ``pause_seconds``, separate segments, each decoded alone (with ``PAUSE_MARGIN_S`` of its pauses on each
+side) and owning the words up to the middle of its pauses; a segment longer than ``chunk_seconds`` is chunked as
+above. A model trained on single utterances then sees single utterances (sherpa-onnx pairs its offline recognisers
+with a voice-activity detector for long files the same way, k2-fsa/sherpa-onnx
+``python-api-examples/vad-with-non-streaming-asr.py``); without it, such a model fails on a chunk that holds several
+(``benchmarks/RESULTS.md``, "Word times and long recordings"). The energy is read in a first pass over the recording,
+one chunk at a time.
+
 Defaults suit the offline Zipformer, whose attention spans the whole chunk: 20 s chunks, the longest cut icefall's
 LibriSpeech recipes train it on (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, ``remove_short_and_long_utt``:
 1-20 s), so a chunk is never longer than what the model has seen, with 4 s of overlap, so each kept word has at least
@@ -25,6 +35,8 @@ Legend: T feature frames (10 ms), F feature bins, T' encoder frames (40 ms), B c
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -40,9 +52,11 @@ from asrprec.timestamps import (
     EXTEND_FRAMES, FEATURE_SHIFT_S, SUBSAMPLING_FACTOR, TokenWord, WordSpan, finish_words, token_words,
 )
 
-__all__ = ["Chunk", "LongFormOptions", "decode_long", "decode_long_cuts", "plan_chunks"]
+__all__ = ["Chunk", "LongFormOptions", "decode_long", "decode_long_cuts", "frame_energy", "plan_chunks",
+           "plan_segments"]
 
 SAMPLE_RATE = 16000
+PAUSE_MARGIN_S = 0.1  # of a pause kept at each side of a segment cut there
 
 
 @dataclass
@@ -54,6 +68,10 @@ class LongFormOptions:
     overlap_seconds: float = option(4.0, metavar="SECONDS", help="long-form decoding: seconds two neighbouring chunks "
                                                                  "share; each keeps the words centred on its side")
     chunks_per_batch: int = option(4, help="long-form decoding: chunks encoded together in one batch")
+    pause_seconds: float = option(0.0, metavar="SECONDS", help="long-form decoding: cut the recording at pauses at "
+                                  "least this long and decode each piece alone (0: fixed chunks only)")
+    pause_db: float = option(30.0, help="long-form decoding: a frame is a pause when its energy lies this many dB "
+                             "below the recording's speech level (95th percentile of the frames)")
 
     def __post_init__(self) -> None:
         if not self.chunk_seconds > 0:
@@ -63,6 +81,9 @@ class LongFormOptions:
                              f"got {self.overlap_seconds}")
         if self.chunks_per_batch < 1:
             raise ValueError(f"chunks_per_batch must be >= 1, got {self.chunks_per_batch}")
+        if self.pause_seconds < 0 or self.pause_db <= 0:
+            raise ValueError(f"pause_seconds must be >= 0 and pause_db > 0, got {self.pause_seconds} and "
+                             f"{self.pause_db}")
 
 
 @dataclass(frozen=True)
@@ -95,6 +116,53 @@ def plan_chunks(num_frames: int, options: LongFormOptions) -> list[Chunk]:
     bounds = [(a_end + b_start) / 2 * FEATURE_SHIFT_S for (_, a_end), (b_start, _) in zip(spans, spans[1:])]
     owns = zip([-float("inf")] + bounds, bounds + [float("inf")])
     return [Chunk(s, e, lo, hi) for (s, e), (lo, hi) in zip(spans, owns)]
+
+
+def frame_energy(features: torch.Tensor) -> torch.Tensor:
+    """(T, F) log-mel frames -> (T,) each frame's mel energy, natural log (the log of the bins' summed power)."""
+    return torch.logsumexp(features.float(), dim=-1)
+
+
+def plan_segments(energy: torch.Tensor, options: LongFormOptions) -> list[Chunk]:
+    """The chunks of a recording cut at its pauses (module docstring), from (T,) :func:`frame_energy`: one per
+    segment of speech, a segment longer than ``chunk_seconds`` in overlapping chunks (:func:`plan_chunks`). Chunk
+    starts are whole encoder frames; owned regions tile the line. Without pauses: :func:`plan_chunks`."""
+    T = int(energy.numel())
+    if T == 0 or options.pause_seconds <= 0:
+        return plan_chunks(T, options)
+    level = torch.quantile(energy.float(), 0.95)
+    quiet = (energy < level - options.pause_db / 10.0 * math.log(10.0)).tolist()
+    shortest = max(1, int(round(options.pause_seconds / FEATURE_SHIFT_S)))
+    pauses, t = [], 0  # [start, end) runs of quiet frames at least `shortest` long
+    while t < T:
+        if quiet[t]:
+            end = t
+            while end < T and quiet[end]:
+                end += 1
+            if end - t >= shortest:
+                pauses.append((t, end))
+            t = end
+        else:
+            t += 1
+    margin = int(round(PAUSE_MARGIN_S / FEATURE_SHIFT_S))
+    middles = [-math.inf] + [(a + b) / 2 * FEATURE_SHIFT_S for a, b in pauses] + [math.inf]
+    ends = [0] + [b for _, b in pauses]  # speech runs from the end of one pause to the start of the next
+    starts = [a for a, _ in pauses] + [T]
+    chunks = []
+    for k, (a, b) in enumerate(zip(ends, starts)):
+        if b <= a:  # a pause at the very start or end
+            continue
+        start = max(0, a - margin) // SUBSAMPLING_FACTOR * SUBSAMPLING_FACTOR
+        offset = start * FEATURE_SHIFT_S
+        for c in plan_chunks(min(T, b + margin) - start, options):
+            chunks.append(Chunk(start + c.start, start + c.end, max(middles[k], c.own_start + offset),
+                                min(middles[k + 1], c.own_end + offset)))
+    if not chunks:  # nothing but pause
+        return plan_chunks(T, options)
+    # the first and last segments own the pauses before and after them (as plan_chunks' first and last chunks)
+    chunks[0] = dataclasses.replace(chunks[0], own_start=-math.inf)
+    chunks[-1] = dataclasses.replace(chunks[-1], own_end=math.inf)
+    return chunks
 
 
 class _Features:
@@ -157,7 +225,13 @@ def decode_long(model: nn.Module, source: Any, tokenizer: Any, options: LongForm
     options = options or LongFormOptions()
     search = search or DecodingOptions()
     feats = _Features(source)
-    chunks = plan_chunks(feats.num_frames, options)
+    if options.pause_seconds > 0:  # a first pass for the frames' energy, a chunk at a time
+        step = max(SUBSAMPLING_FACTOR, int(round(options.chunk_seconds / FEATURE_SHIFT_S)))
+        energy = torch.cat([frame_energy(feats(a, min(feats.num_frames, a + step)))
+                            for a in range(0, feats.num_frames, step)] or [torch.zeros(0)])
+        chunks = plan_segments(energy, options)
+    else:
+        chunks = plan_chunks(feats.num_frames, options)
     device = model_device(model)
     searcher = Searcher(model, search)  # refuses a method the model has no head for, before any audio is read
     min_frames = int(getattr(model, "min_input_frames", 1))
