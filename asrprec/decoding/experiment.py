@@ -182,6 +182,8 @@ def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> st
         tag += f"-tail-{cfg.tail_padding:g}s"
     if cfg.long_form:
         tag += f"-long-{cfg.chunk_seconds:g}s-{cfg.overlap_seconds:g}s"
+        if cfg.pause_seconds > 0:
+            tag += f"-pause-{cfg.pause_seconds:g}s-{cfg.pause_db:g}dB"
     return tag
 
 
