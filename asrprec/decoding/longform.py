@@ -17,8 +17,8 @@ starts, all inside the recording, whatever tokens and frames a model emits.
 
 With ``pause_seconds`` > 0 the recording is first cut at its pauses (:func:`plan_segments`): frames whose mel
 energy lies ``pause_db`` below the recording's speech level (the 95th percentile of its frames' energies), in runs
-of at least ``pause_seconds``, separate segments, each decoded alone (with ``PAUSE_MARGIN_S`` of its pauses on each
-side) and owning the words up to the middle of its pauses; a segment longer than ``chunk_seconds`` is chunked as
+of at least ``pause_seconds``, separate segments, each decoded alone (from its first loud frame, moved back to the
+encoder grid, to its last) and owning the words up to the middle of its pauses; a segment longer than ``chunk_seconds`` is chunked as
 above. A model trained on single utterances then sees single utterances (sherpa-onnx pairs its offline recognisers
 with a voice-activity detector for long files the same way, k2-fsa/sherpa-onnx
 ``python-api-examples/vad-with-non-streaming-asr.py``); without it, such a model fails on a chunk that holds several
@@ -56,7 +56,6 @@ __all__ = ["Chunk", "LongFormOptions", "decode_long", "decode_long_cuts", "frame
            "plan_segments"]
 
 SAMPLE_RATE = 16000
-PAUSE_MARGIN_S = 0.1  # of a pause kept at each side of a segment cut there
 
 
 @dataclass
@@ -144,7 +143,8 @@ def plan_segments(energy: torch.Tensor, options: LongFormOptions) -> list[Chunk]
             t = end
         else:
             t += 1
-    margin = int(round(PAUSE_MARGIN_S / FEATURE_SHIFT_S))
+    # no pause frames around a segment beyond the encoder grid's (< 4): a model trained on utterances cut tight
+    # (the embedded corpus') decoded 1 minute of them at 11.8 % WER with 0.1 s of faint noise each side, 3.0 % alone
     middles = [-math.inf] + [(a + b) / 2 * FEATURE_SHIFT_S for a, b in pauses] + [math.inf]
     ends = [0] + [b for _, b in pauses]  # speech runs from the end of one pause to the start of the next
     starts = [a for a, _ in pauses] + [T]
@@ -152,9 +152,9 @@ def plan_segments(energy: torch.Tensor, options: LongFormOptions) -> list[Chunk]
     for k, (a, b) in enumerate(zip(ends, starts)):
         if b <= a:  # a pause at the very start or end
             continue
-        start = max(0, a - margin) // SUBSAMPLING_FACTOR * SUBSAMPLING_FACTOR
+        start = a // SUBSAMPLING_FACTOR * SUBSAMPLING_FACTOR
         offset = start * FEATURE_SHIFT_S
-        for c in plan_chunks(min(T, b + margin) - start, options):
+        for c in plan_chunks(b - start, options):
             chunks.append(Chunk(start + c.start, start + c.end, max(middles[k], c.own_start + offset),
                                 min(middles[k + 1], c.own_end + offset)))
     if not chunks:  # nothing but pause
