@@ -283,9 +283,9 @@ def test_segments_cut_at_pauses_own_the_words_up_to_the_pauses_middles():
         energy[a:b] = -8.0
     opts = LongFormOptions(chunk_seconds=12.0, overlap_seconds=2.0, pause_seconds=0.3, pause_db=30.0)
     chunks = plan_segments(energy, opts)
-    # segments [0, 300), [361, 1000), [1100, 3000), starts moved back to the encoder grid; the last one (19 s) is
+    # segments [0, 300), [361, 1000), [1100, 3000), starts moved on to the encoder grid; the last one (19 s) is
     # longer than 12 s: chunked, its chunks sharing 2 s
-    assert [(c.start, c.end) for c in chunks[:2]] == [(0, 300), (360, 1000)]
+    assert [(c.start, c.end) for c in chunks[:2]] == [(0, 300), (364, 1000)]
     assert chunks[2].start == 1100 and chunks[-1].end == 3000 and len(chunks) == 4
     assert chunks[3].start <= chunks[2].end - 200
     # owned regions tile the line, meeting at the middles of the pauses (3.305 s, 10.5 s)
