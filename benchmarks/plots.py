@@ -191,11 +191,11 @@ def plot_word_times(data: dict, out: Path) -> Path:
         by = {r["method"]: r for r in rows}
         for j, (key, label) in enumerate(measures):
             ax.bar([i + 0.2 * (j - 1.5) for i in range(len(methods))], [by[m][key] for m in methods], 0.2, label=label)
-        ax.set_xticks(range(len(methods)), methods, fontsize=8)
-        ax.set_ylabel("error against the true word boundary (ms)")
+        ax.set_xticks(range(len(methods)), methods, fontsize=7, rotation=25, ha="right")
+        ax.set_ylabel("error against the true boundary (ms)", fontsize=8)
         ax.set_title(f"corpus seed {seed}", fontsize=9)
         ax.legend(fontsize=8)
-    return _save(plt, fig, out / "word_times.png", data["word_times"]["source"], bottom=0.06)
+    return _save(plt, fig, out / "word_times.png", data["word_times"]["source"], bottom=0.2)
 
 
 def plot_long_form(data: dict, out: Path) -> Path:
@@ -206,8 +206,8 @@ def plot_long_form(data: dict, out: Path) -> Path:
         mine = sorted((r for r in rows if r["chunk"] == chunk), key=lambda r: r["minutes"])
         minutes = [r["minutes"] for r in mine]
         ax_m.plot(minutes, [r["rss_peak_mb"] - r["rss_base_mb"] for r in mine], marker="o", label=chunk)
-        ax_r.plot(minutes, [r["duration_s"] / r["wall_s"] for r in mine], marker="o", label=chunk)
-    for ax, label in ((ax_m, "peak RSS above the loaded model (MB)"), (ax_r, "RTFx")):
+        ax_r.plot(minutes, [r["duration_s"] / r.get("cpu_s", r["wall_s"]) for r in mine], marker="o", label=chunk)
+    for ax, label in ((ax_m, "peak RSS above the loaded model (MB)"), (ax_r, "RTFx (CPU time)")):
         ax.set_xscale("log")
         ax.set_xlabel("recording length (minutes)")
         ax.set_ylabel(label)
