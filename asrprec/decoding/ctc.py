@@ -145,7 +145,10 @@ class StreamingCtcPrefixBeamSearch:
     LM / phrase bonus of each slot's label sequence and ``fstate`` (B, K, 4) its fusion state: a new token adds its
     bonus, a blank or a repeat adds none. Slots compete (and the final choice is made) on the acoustic score plus
     the bonus; ``pb`` / ``pnb`` stay acoustic, so sequences merge as without fusion (equal sequences have equal
-    bonuses).
+    bonuses). With hot phrases, a frame's candidate tokens are its ``beam`` most probable ones and up to ``beam``
+    more that would get a phrase bonus (best by log-probability + bonus): a word the acoustic model ranks below the
+    beam can still be boosted (a rare name; without them the search recalled none of the names in
+    ``benchmarks/RESULTS.md``, "Language models and hot phrases").
     """
 
     def __init__(self, batch_size: int, beam: int = 4, blank_id: int = 0, device: torch.device | str = "cpu",
@@ -186,6 +189,24 @@ class StreamingCtcPrefixBeamSearch:
             self._step(lp[:, t], t < lens, self.frames + t)
         self.frames += lens
 
+    def _with_phrase_tokens(self, lp: torch.Tensor, top_lp: torch.Tensor, top_tok: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frame's (B, M) most probable tokens and up to M more: the tokens a held prefix would get a phrase bonus
+        for, best by log-probability + that bonus, so that boosting reaches a word the acoustic model ranks below the
+        beam (a rare name). A slot that is not needed holds the blank at -inf (never chosen, never merged)."""
+        B, K = self.pb.shape
+        V, M = lp.shape[1], top_tok.shape[1]
+        bonus = self.fusion.phrase_scores(self.fstate.reshape(B * K, 4)).view(B, K, V).double()
+        bonus = bonus.masked_fill(~self.alive[:, :, None], 0.0).amax(dim=1)  # (B, V): the best any prefix gets
+        wanted = bonus > 0
+        wanted[:, self.blank_id] = False
+        wanted.scatter_(1, top_tok, False)  # already considered
+        extra_lp, extra_tok = (lp + bonus).masked_fill(~wanted, NEG_INF).topk(M, dim=1)
+        found = extra_lp > NEG_INF
+        extra_tok = torch.where(found, extra_tok, torch.full_like(extra_tok, self.blank_id))
+        extra_lp = torch.where(found, lp.gather(1, extra_tok), NEG_INF)
+        return torch.cat([top_lp, extra_lp], dim=1), torch.cat([top_tok, extra_tok], dim=1)
+
     def _step(self, lp: torch.Tensor, active: torch.Tensor, frame: torch.Tensor) -> None:
         """One frame: lp (B, V) float64 log-probabilities, ``frame`` (B,) its index in each stream (a token's
         timestamp); streams where ``active`` (B,) is False keep their state."""
@@ -200,6 +221,9 @@ class StreamingCtcPrefixBeamSearch:
         blank_lp = torch.where((top_tok == blank).any(dim=1), lp[:, blank], NEG_INF)  # (B,)
         last_lp = lp.gather(1, self.last.clamp(min=0))  # (B, K)
         last_kept = (top_tok[:, None, :] == self.last[:, :, None]).any(dim=2) & (self.last >= 0)
+        if self.fusion is not None and self.fusion.has_phrases and M < V:
+            top_lp, top_tok = self._with_phrase_tokens(lp, top_lp, top_tok)
+            M = top_tok.shape[1]
         stay_pb = total + blank_lp[:, None]
         stay_pnb = self.pnb + torch.where(last_kept, last_lp, NEG_INF)
 

@@ -130,6 +130,19 @@ class BatchFusion:
         """(N, 4) states → (N, V) float32 bonus of every token (blank 0) and (N, V, 4) next states."""
         return self._parts(states, None)
 
+    @property
+    def has_phrases(self) -> bool:
+        """Whether any hot phrase is boosted in this batch."""
+        return self.global_trie is not None or self.own_trie is not None
+
+    def phrase_scores(self, states: torch.Tensor) -> torch.Tensor:
+        """(N, 4) states → (N, V) float32: every token's phrase bonus alone (no LM or LODR)."""
+        bonus = torch.zeros(states.shape[0], self.vocab_size, dtype=torch.float32, device=states.device)
+        for trie, col in ((self.global_trie, 2), (self.own_trie, 3)):
+            if trie is not None:
+                bonus = bonus + trie.score_all(states[:, col])[0]
+        return bonus
+
     def step(self, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, 4) states and (N,) tokens → (N,) bonus and (N, 4) next states (blank: 0, unchanged)."""
         return self._parts(states, tokens)

@@ -237,3 +237,22 @@ def test_flags_files_and_cut_phrases_reach_the_batch(tmp_path):
     lm_part = 0.5 * fusion.lm.sentence_logprob(dog, eos=False) - 0.2 * fusion.lodr.sentence_logprob(dog, eos=False)
     assert got[0] == pytest.approx(lm_part, abs=1e-4) and got[2] == pytest.approx(lm_part, abs=1e-4)
     assert got[1] == pytest.approx(lm_part + 1.5 * len(dog), abs=1e-4)  # only c0 has "a dog"
+
+
+def test_ctc_prefix_beam_search_boosts_a_phrase_the_acoustic_model_ranks_below_the_beam(tmp_path):
+    """Beam 2 over hand-made frames where the phrase's token (3, "b") is never among the two most probable: boosting
+    must still find the sequence an enumeration of every label sequence ranks first with the bonus added by hand."""
+    lp = torch.full((1, 3, VOCAB), -6.0, dtype=torch.float64)
+    lp[0, :, 0] = -0.2  # blank first on every frame
+    lp[0, 0, 2], lp[0, 1, 4], lp[0, 2, 5] = -1.9, -1.8, -2.0  # then "a", "c", "d"
+    lp[0, 1, 3] = -2.6  # "b", third on its frame: outside a beam of 2
+    lp = lp.log_softmax(-1)
+    lens = torch.tensor([3])
+    fusion = Fusion(vocab_size=VOCAB, phrases=[[3]], hotword_score=4.0)
+    assert 3 not in ctc_prefix_beam_search(lp, lens, 2)[0]
+    best = ctc_prefix_beam_search(lp, lens, 2, fusion=fusion.for_batch(["u0"]))[0]
+    # by hand: every label sequence's summed alignment probability, + 4 for each "b" (a complete phrase)
+    want = max(_ctc_sequences(lp[0]).items(), key=lambda kv: kv[1] + 4.0 * kv[0].count(3))[0]
+    assert 3 in want and tuple(best) == want
+    no_phrase = Fusion(vocab_size=VOCAB, phrases=[[3]], hotword_score=0.0)  # the same search without a bonus
+    assert ctc_prefix_beam_search(lp, lens, 2, fusion=no_phrase.for_batch(["u0"])) == ctc_prefix_beam_search(lp, lens, 2)
