@@ -63,6 +63,10 @@ def test_longform_benchmark_prints_a_row_per_length_and_mode(toy_run):
                "--overlap-seconds", 2, "--threads", 1)
     rows = [[c.strip() for c in line.split("|")[1:3]] for line in out.splitlines() if line.startswith("| 0.")]
     assert rows == [["0.1", "chunked"], ["0.1", "one pass"], ["0.25", "chunked"]]
+    out = _run("longform.py", "--exp-dir", exp, "--epoch", 1, "--avg", 1, "--data-dir", data, "--work-dir",
+               root / "long", "--minutes", 0.1, "--one-pass-minutes", 0, "--pause-seconds", 0.3, "--threads", 1)
+    assert "cut at pauses of 0.3 s" in out
+    assert [line.split("|")[2].strip() for line in out.splitlines() if line.startswith("| 0.")] == ["chunked"]
 
 
 def test_hotword_recall_benchmark_prints_a_row_per_search_and_score(toy_run):
