@@ -1,14 +1,17 @@
-"""Waveform augmentation for the synthetic corpus: additive noise at an SNR and simple reverberation; and, for training,
-tempo perturbation of fbank frames and examples joined from several utterances with pauses between them.
+"""Waveform augmentation for the synthetic corpus: additive noise at an SNR and simple reverberation; and, for
+training, tempo perturbation of fbank frames, examples joined from several utterances with pauses between them, and
+noise mixing of cuts.
 
 The waveform functions are plain numpy on 1-D float signals, every random choice drawn from a caller-supplied
-``numpy.random.Generator`` so a corpus stays deterministic for its seed. :func:`change_tempo` and :class:`UtteranceJoiner` work
-on torch tensors of fbank frames (torch is imported there only: the corpus' synthesis workers import numpy alone).
-SpecAugment lives in :mod:`asrprec.data.datamodule` and uses lhotse's.
+``numpy.random.Generator`` so a corpus stays deterministic for its seed. :func:`change_tempo` and
+:class:`UtteranceJoiner` work on torch tensors of fbank frames, :func:`noise_mix_transform` on lhotse cuts (lhotse's
+``CutMix``); torch and lhotse are imported there only: the corpus' synthesis workers import numpy alone. SpecAugment
+lives in :mod:`asrprec.data.datamodule` and uses lhotse's.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -200,3 +203,48 @@ class UtteranceJoiner:
             new_ids.append("+".join(ids[i] for i in g))
         lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
         return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens, new_texts, new_ids
+
+
+def noise_mix_transform(config: Any, *, on_the_fly_feats: bool) -> "ReseedableCutTransform":
+    """lhotse ``CutMix`` over the noise cuts of ``config`` (a :class:`asrprec.data.datamodule.NoiseMixConfig`; read
+    eagerly: MUSAN's 109 h make ~40k windows of 10 s).
+
+    Each mixed cut keeps its id and its duration (``pad_to_longest=False``): icefall's CutMix pads every cut of a
+    batch with noise to the longest, but then passes the supervision's own frame count as the encoder length
+    (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, ``supervisions["num_frames"]``), so the padding is
+    never seen; our batches take lengths from the cuts, and this keeps them the same. The noise choices and SNR
+    draws come from a generator that :class:`AsrDataset` re-seeds for every batch (from the run's seed, the epoch
+    and the batch's cut ids), so a batch gets the same noise in any worker and after a resume, and different
+    batches get different noise.
+    """
+    from lhotse.dataset import CutMix
+
+    from asrprec.data.manifests import load_cuts
+
+    noise = load_cuts(config.cuts_path, lazy=False, hint="prepare the noise cuts (e.g. the recipe's MUSAN stage)")
+    if len(noise) == 0:
+        raise ValueError(f"{config.cuts_path} holds no noise cuts; fix: re-run the noise preparation")
+    first = noise[0]
+    if on_the_fly_feats and not first.has_recording:
+        raise ValueError(f"noise cut {first.id!r} in {config.cuts_path} has no audio, which on-the-fly features need "
+                         f"to mix waveforms; fix: use noise cuts made from recordings")
+    if not on_the_fly_feats and not first.has_features:
+        raise ValueError(f"noise cut {first.id!r} in {config.cuts_path} has no features, which precomputed-feature "
+                         f"training mixes; fix: compute its fbank (asrprec.data.compute_fbank) or use on_the_fly_feats")
+    # lhotse's CutMix takes a random.Random as its seed and draws from that very object
+    return ReseedableCutTransform(lambda rng: CutMix(cuts=noise, p=config.p, snr=config.snr_db, pad_to_longest=False,
+                                                     preserve_id=True, seed=rng))
+
+
+class ReseedableCutTransform:
+    """A lhotse cut transform built on a generator of its own, which :class:`AsrDataset` re-seeds per batch."""
+
+    def __init__(self, build: Callable[[random.Random], Callable[[Any], Any]]) -> None:
+        self._rng = random.Random(0)
+        self._transform = build(self._rng)
+
+    def reseed(self, seed: int) -> None:
+        self._rng.seed(seed)
+
+    def __call__(self, cuts: Any) -> Any:
+        return self._transform(cuts)

@@ -32,7 +32,7 @@ import torch
 
 from asrprec._optional import require
 from asrprec.config import option, strict_from_dict
-from asrprec.data.augment import UtteranceJoiner, change_batch_tempo, count_words
+from asrprec.data.augment import UtteranceJoiner, change_batch_tempo, count_words, noise_mix_transform
 from asrprec.data.buckets import Batching
 from asrprec.data.validate import filter_by_duration
 from asrprec.precision.batch_plan import CALIBRATION_SAFETY
@@ -143,9 +143,10 @@ class DataConfig:
             raise ValueError(f"concat_max_utterances must be >= 2, got {self.concat_max_utterances}")
         for name in ("concat_pause_s", "concat_pause_db"):
             value = tuple(getattr(self, name))
-            if len(value) != 2 or value[0] > value[1] or (name == "concat_pause_s" and value[0] <= 0):
-                raise ValueError(f"{name} must be (low, high) with low <= high{' and low > 0' if name.endswith('s') else ''}"
-                                 f", got {value}")
+            seconds = name == "concat_pause_s"
+            if len(value) != 2 or value[0] > value[1] or (seconds and value[0] <= 0):
+                raise ValueError(f"{name} must be (low, high) with low <= high{' and low > 0' if seconds else ''}, "
+                                 f"got {value}")
             setattr(self, name, value)
         if self.num_buckets < 1:
             raise ValueError(f"num_buckets must be >= 1, got {self.num_buckets}")
@@ -406,50 +407,6 @@ def _filter_durations(cuts: Any, min_s: float, max_s: float) -> tuple[Any, Any]:
     kept = filter_by_duration(cuts, min_s, max_s)
     return kept, _FilteredOnce(_DurationFilter(min_s, max_s).reason, len(cuts) - len(kept), len(kept),
                                sum(c.duration for c in kept))
-
-
-def noise_mix_transform(config: NoiseMixConfig, *, on_the_fly_feats: bool) -> "ReseedableCutTransform":
-    """lhotse ``CutMix`` over the noise cuts of ``config`` (read eagerly: MUSAN's 109 h make ~40k windows of 10 s).
-
-    Each mixed cut keeps its id and its duration (``pad_to_longest=False``): icefall's CutMix pads every cut of a
-    batch with noise to the longest, but then passes the supervision's own frame count as the encoder length
-    (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, ``supervisions["num_frames"]``), so the padding is
-    never seen; our batches take lengths from the cuts, and this keeps them the same. The noise choices and SNR
-    draws come from a generator that :class:`AsrDataset` re-seeds for every batch (from the run's seed, the epoch
-    and the batch's cut ids), so a batch gets the same noise in any worker and after a resume, and different
-    batches get different noise.
-    """
-    from lhotse.dataset import CutMix
-
-    from asrprec.data.manifests import load_cuts
-
-    noise = load_cuts(config.cuts_path, lazy=False, hint="prepare the noise cuts (e.g. the recipe's MUSAN stage)")
-    if len(noise) == 0:
-        raise ValueError(f"{config.cuts_path} holds no noise cuts; fix: re-run the noise preparation")
-    first = noise[0]
-    if on_the_fly_feats and not first.has_recording:
-        raise ValueError(f"noise cut {first.id!r} in {config.cuts_path} has no audio, which on-the-fly features need "
-                         f"to mix waveforms; fix: use noise cuts made from recordings")
-    if not on_the_fly_feats and not first.has_features:
-        raise ValueError(f"noise cut {first.id!r} in {config.cuts_path} has no features, which precomputed-feature "
-                         f"training mixes; fix: compute its fbank (asrprec.data.compute_fbank) or use on_the_fly_feats")
-    # lhotse's CutMix takes a random.Random as its seed and draws from that very object
-    return ReseedableCutTransform(lambda rng: CutMix(cuts=noise, p=config.p, snr=config.snr_db, pad_to_longest=False,
-                                                     preserve_id=True, seed=rng))
-
-
-class ReseedableCutTransform:
-    """A lhotse cut transform built on a generator of its own, which :class:`AsrDataset` re-seeds per batch."""
-
-    def __init__(self, build: Callable[[random.Random], Callable[[Any], Any]]) -> None:
-        self._rng = random.Random(0)
-        self._transform = build(self._rng)
-
-    def reseed(self, seed: int) -> None:
-        self._rng.seed(seed)
-
-    def __call__(self, cuts: Any) -> Any:
-        return self._transform(cuts)
 
 
 def _speed_perturbed_ids(cuts: Any, look: int = 1000) -> list[str]:

@@ -15,15 +15,15 @@ at their chunk's last frame) therefore get the rules that look at the next word 
 (:func:`~asrprec.timestamps.finish_words`): the words come out ordered by start, none ending after the next
 starts, all inside the recording, whatever tokens and frames a model emits.
 
-With ``pause_seconds`` > 0 the recording is first cut at its pauses (:func:`plan_segments`): frames whose mel
-energy lies ``pause_db`` below the recording's speech level (the 95th percentile of its frames' energies), in runs
-of at least ``pause_seconds``, separate segments, each decoded alone (from its first loud frame, moved on to the
-encoder grid, to its last) and owning the words up to the middle of its pauses; a segment longer than ``chunk_seconds`` is chunked as
-above. A model trained on single utterances then sees single utterances (sherpa-onnx pairs its offline recognisers
-with a voice-activity detector for long files the same way, k2-fsa/sherpa-onnx
+With ``pause_seconds`` > 0 the recording is first cut at its pauses (:func:`plan_segments`): frames whose mel energy
+lies ``pause_db`` below the recording's speech level (the 95th percentile of its frames' energies), in runs of at
+least ``pause_seconds``, separate segments, each decoded alone (from its first loud frame, moved on to the encoder
+grid, to its last) and owning the words up to the middle of its pauses; a segment longer than ``chunk_seconds`` is
+chunked as above. A model trained on single utterances then sees single utterances (sherpa-onnx pairs its offline
+recognisers with a voice-activity detector for long files the same way, k2-fsa/sherpa-onnx
 ``python-api-examples/vad-with-non-streaming-asr.py``); without it, such a model fails on a chunk that holds several
-(``benchmarks/RESULTS.md``, "Word times and long recordings"). The energy is read in a first pass over the recording,
-one chunk at a time.
+(``benchmarks/RESULTS.md``, "Word times and long recordings"). The energy is read in a first pass over the
+recording, one chunk at a time.
 
 Defaults suit the offline Zipformer, whose attention spans the whole chunk: 20 s chunks, the longest cut icefall's
 LibriSpeech recipes train it on (k2-fsa/icefall egs/librispeech/ASR/zipformer/train.py, ``remove_short_and_long_utt``:
