@@ -68,4 +68,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from asrprec.cli import run_main  # here, not at the top: the synthesis workers import this module without torch
+
+    run_main(main, "prepare.py", also=(ValueError,))

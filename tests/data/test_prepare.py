@@ -35,3 +35,13 @@ def test_prepare_script_runs_and_is_idempotent(tmp_path):
     tok = Tokenizer(tmp_path / "bpe.model")
     texts = [c.supervisions[0].text for c in cuts["test"]]
     assert tok.decode_batch(tok.encode(texts)) == texts
+
+
+def test_prepare_script_names_a_setting_it_cannot_meet_in_one_line(tmp_path):
+    cmd = [sys.executable, str(ROOT / "recipes" / "espeak" / "prepare.py"), "--data-dir", str(tmp_path),
+           "--num-train", "20", "--train-name-count", "500"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith("prepare.py: error: train_name_count=500 needs 3000")
+    assert "fix:" in run.stderr
