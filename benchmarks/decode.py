@@ -82,6 +82,7 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=8.0, help="--synthetic: longest utterance (others 50-100 %%)")
     p.add_argument("--token-rate", type=float, default=0.3, help="--synthetic: greedy tokens per encoder frame")
     p.add_argument("--ctc", action="store_true", help="--synthetic: add a CTC head (its blank calibrated alike)")
+    p.add_argument("--tdt-durations", default="", help="--synthetic: a TDT joiner with these durations, e.g. 0,1,2,3,4")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--methods", default="greedy_search,label_looping,label_looping_graphs,modified_beam_search")
     p.add_argument("--beam", type=int, default=4)
@@ -109,7 +110,7 @@ def load_trained(args) -> tuple[torch.nn.Module, list[dict], object]:
 
     if not (args.exp_dir and args.data_dir):
         raise SystemExit("give --exp-dir and --data-dir (a trained model and its data), or --synthetic")
-    model = build_experiment_model(args.exp_dir)  # model.json, as decode.py reads it
+    model = build_experiment_model(args.exp_dir).eval()  # model.json, as decode.py reads it; no dropout
     print("weights:", load_decoding_weights(model, args.exp_dir, args.epoch, args.avg))
     cuts = load_fbank_cuts(args.data_dir, splits=(args.split,))[args.split]
     if args.max_utts:
@@ -134,8 +135,10 @@ def rebatch(batches: list[dict], size: int) -> list[dict]:
 
 def make_synthetic(args) -> tuple[torch.nn.Module, list[dict], None]:
     torch.manual_seed(0)
+    durations = [int(d) for d in args.tdt_durations.split(",") if d.strip()]
+    loss = {"loss": "tdt", "tdt_durations": durations} if durations else None
     model = build_transducer(encoder=args.encoder, size=args.size, vocab_size=args.vocab,
-                             ctc={} if args.ctc else None).eval()
+                             ctc={} if args.ctc else None, loss=loss).eval()
     g = torch.Generator().manual_seed(0)
     frames = int(args.seconds / FRAME_SHIFT_S)
     lens = torch.linspace(frames // 2, frames, args.utts).long().flip(0)
@@ -171,7 +174,10 @@ def _calibrate_blank(model, batch, rate: float, ctc: bool = False) -> None:
     for _ in range(14):
         mid = (lo + hi) / 2
         bias[model.blank_id] = base + mid
-        hyps = ctc_greedy_search(model.ctc_log_probs(enc), lens) if ctc else greedy_search(model, enc, lens)
+        if ctc:
+            hyps = ctc_greedy_search(model.ctc_log_probs(enc), lens)
+        else:
+            hyps = (tdt_greedy_search if is_tdt(model) else greedy_search)(model, enc, lens)
         got = sum(map(len, hyps)) / float(lens.sum())
         lo, hi = (mid, hi) if got > rate else (lo, mid)
     bias[model.blank_id] = base + (lo + hi) / 2

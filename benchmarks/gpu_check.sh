@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot GPU check: every GPU number the project still lacks, appended to benchmarks/RESULTS.md, in about
-# 6 minutes on one H100/H200-class GPU (each step has a wall-clock cap; the caps add up to 525 s). From the repo root:
+# 6 minutes on one H100/H200-class GPU (each step has a wall-clock cap; the caps add up to 595 s). From the repo root:
 #   PYTHONPATH=. bash benchmarks/gpu_check.sh             # needs torch with CUDA, numba-cuda, torchaudio
 #   PYTHONPATH=. bash benchmarks/gpu_check.sh --dry-run   # rehearsal on the CPU: every step at toy size,
 #                                                         # numba-cuda in its simulator, tables to a temp file
@@ -22,6 +22,7 @@
 #     search, under fp32, autocast bf16/fp16 and whole-model bf16/fp16 casts (synthetic data, random weights);
 #  7b. malsd_batch (batched beam search) eagerly and with its step captured as a CUDA graph and replayed: the same
 #      tokens ("same as" column), RTFx against modified beam search (the dry run decodes eagerly on the CPU);
+#  7c. the same for a TDT joiner (durations 0-4), whose malsd_batch step goes frame by frame;
 #  8. torch.compile: Zipformer small training step compiled vs eager (fp32, amp-bf16), compile time
 #     (benchmarks/compile.py; the dry run traces with the "eager" backend: no code generation on the CPU);
 #  9. batches sized by memory: the stored --max-memory plan (Zipformer medium, amp-bf16, 80 GB; made on the CPU by
@@ -66,6 +67,7 @@ STREAM_ARGS=(--device cuda --sizes small --policies fp32,bf16 --streams 1,16 --c
 DECODE_ARGS=(--synthetic --size medium --vocab 500 --utts 32 --seconds 10 --runs 2 --device cuda)
 MALSD_ARGS=(--synthetic --size medium --vocab 500 --utts 32 --seconds 10 --runs 2 --device cuda
   --modes fp32,autocast-bf16 --methods modified_beam_search,malsd_batch,malsd_batch_graphs --beam 4)
+MALSD_TDT_ARGS=("${MALSD_ARGS[@]}" --tdt-durations 0,1,2,3,4 --modes fp32)
 COMPILE_ARGS=(--device cuda --models zipformer:small --precisions fp32,amp-bf16 --batches 8 --warmup 3
   --batch-size 16,32 --frames 500,1500)
 PLAN_ARGS=(device-run --plans benchmarks/data/batch_plan_gpu.json --policy amp-bf16 --device cuda --steps 2 --buckets 4)
@@ -75,6 +77,7 @@ if [ "$DRY" = 1 ]; then
   STREAM_ARGS+=(--device cpu --sizes tiny --streams 1 --chunks 16 --left 64 --seconds 1 --runs 1 --threads 1)
   DECODE_ARGS+=(--device cpu --size tiny --vocab 64 --utts 2 --seconds 1 --runs 1 --threads 1)
   MALSD_ARGS+=(--device cpu --size tiny --vocab 64 --utts 2 --seconds 1 --runs 1 --threads 1 --modes fp32)
+  MALSD_TDT_ARGS+=(--device cpu --size tiny --vocab 64 --utts 2 --seconds 1 --runs 1 --threads 1)
   COMPILE_ARGS+=(--device cpu --models zipformer:tiny --precisions fp32 --batches 1 --warmup 1 --batch-size 2,2
     --frames 40,40 --threads 1 --backend eager)
 fi
@@ -95,6 +98,8 @@ step 50 "Decoding: precision modes x methods, label-looping with and without CUD
   $PY benchmarks/decode.py "${DECODE_ARGS[@]}"
 step 40 "Decoding: malsd_batch eagerly and replayed as a CUDA graph (benchmarks/decode.py)" \
   $PY benchmarks/decode.py "${MALSD_ARGS[@]}"
+step 30 "Decoding: TDT malsd_batch (frame by frame) eagerly and replayed as a CUDA graph (benchmarks/decode.py)" \
+  $PY benchmarks/decode.py "${MALSD_TDT_ARGS[@]}"
 step 60 "torch.compile: training step compiled vs eager (benchmarks/compile.py)" \
   $PY benchmarks/compile.py "${COMPILE_ARGS[@]}"
 step 60 "Batches sized by memory: a --max-memory plan run per bucket (benchmarks/batch_plan.py)" \

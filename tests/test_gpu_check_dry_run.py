@@ -18,7 +18,7 @@ STEPS = ["numba-cuda RNN-T loss vs the float64 reference", "numba-cuda TDT loss 
          "Training step per precision policy", "Whole-step memory", "ScaledAdam step", "bf16 weight updates",
          "Streaming vs simulated streaming",
          "Streaming Zipformer", "Decoding: precision modes x methods", "Decoding: malsd_batch eagerly and replayed",
-         "torch.compile: training step", "Batches sized by memory"]
+         "Decoding: TDT malsd_batch", "torch.compile: training step", "Batches sized by memory"]
 
 
 def test_gpu_check_dry_run(tmp_path):
@@ -45,3 +45,5 @@ def test_gpu_check_dry_run(tmp_path):
     malsd = text.split("#### Decoding: malsd_batch")[1].split("#### ")[0]
     assert "| fp32 | malsd_batch |" in malsd and "| fp32 | modified_beam_search |" in malsd
     assert "fp32: malsd_batch's search RTFx (CPU) is" in malsd
+    tdt = text.split("#### Decoding: TDT malsd_batch")[1].split("#### ")[0]
+    assert "| fp32 | malsd_batch |" in tdt and "fp32: malsd_batch's search RTFx (CPU) is" in tdt

@@ -82,3 +82,28 @@ def test_hotword_recall_benchmark_prints_a_row_per_search_and_score(toy_run):
             if line.startswith("| ") and "---" not in line]
     assert rows == [["method", "hotword score"], ["greedy_search", "0"], ["greedy_search", "1"],
                     ["modified_beam_search", "0"], ["modified_beam_search", "1"]]
+
+
+def test_the_benchmarks_decode_a_trained_model_in_eval_mode(toy_run):
+    """lm_decode.py, hotword_recall.py and tdt_decode.py load through decode.py's load_trained: its model has no
+    dropout left on, so one batch encodes the same twice."""
+    import argparse
+    import importlib.util
+
+    import torch
+
+    from asrprec.data import compute_corpus_fbank, load_corpus
+
+    root, data, exp = toy_run
+    if not (data / "espeak_cuts_test_fbank.jsonl.gz").is_file():
+        compute_corpus_fbank({"test": load_corpus(data)["test"]}, data, num_jobs=1)
+    spec = importlib.util.spec_from_file_location("bench_decode", ROOT / "benchmarks" / "decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = argparse.Namespace(exp_dir=exp, data_dir=data, epoch=1, avg=1, split="test", max_utts=0,
+                              max_duration=300.0)
+    model, batches, _ = bench.load_trained(args)
+    assert not any(m.training for m in model.modules())
+    with torch.no_grad():
+        first, second = (model.encode(batches[0]["features"], batches[0]["feature_lens"])[0] for _ in range(2))
+    assert torch.equal(first, second)

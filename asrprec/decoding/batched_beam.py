@@ -4,14 +4,21 @@ Modified alignment-length synchronous decoding (ALSD, Saon et al., ICASSP 2020) 
 ``malsd_batch`` (Grigoryan et al., arXiv 2506.00185; NVIDIA/NeMo
 ``nemo/collections/asr/parts/submodules/transducer_decoding/rnnt_malsd_batched_computer.py``, read for its rules;
 the code is ours). The B × K hypotheses (K = beam) each keep their own frame pointer, as label looping does
-(:mod:`asrprec.decoding.label_looping`), and one step expands all of them at once:
+(:mod:`asrprec.decoding.label_looping`), and one step expands all of them at once (TDT: those on the earliest frame):
 
 1. the joiner at each hypothesis's frame and its decoder output gives log-probabilities (fp32); the LM / phrase
    bonus of :mod:`asrprec.decoding.fusion` is added to non-blank tokens;
-2. each active hypothesis proposes every label (RNN-T) or (label, duration) pair (TDT); a finished hypothesis
-   (at its utterance's last frame) proposes itself, unchanged;
-3. the K best of each utterance's K · V (TDT: K · V · D) candidates survive, best first (one ``topk`` for the batch;
-   the same K as the best K of each hypothesis's best K);
+2. RNN-T: each active hypothesis proposes every label; a finished hypothesis (at its utterance's last frame)
+   proposes itself, unchanged;
+3. RNN-T: the K best of each utterance's K · V candidates survive, best first (one ``topk`` for the batch; the same
+   K as the best K of each hypothesis's best K). TDT is frame-synchronous instead, with the rules of
+   :func:`asrprec.decoding.tdt_modified_beam_search`: only the best K hypotheses on their utterance's earliest frame
+   expand (the others there leave the beam), into (label, duration) pairs whose K best join the hypotheses that wait
+   on later frames or have finished. Expanded in step (NeMo's TDT ``malsd_batch``, ``tdt_malsd_batched_computer.py``,
+   expands every hypothesis on each step, each label with its most probable duration only), two alignments of one
+   label sequence would stay on different frames and fill the beam with copies of one sequence; taken frame by frame
+   they meet and merge. A TDT search keeps K · (d_max + 1) slots (d_max the longest jump): K for each frame ahead
+   and for the finished ones; with fewer, it would prune hypotheses that modified beam search keeps;
 4. a blank moves the hypothesis one frame on, a label stays on the frame (RNN-T) or jumps by its duration (TDT:
    a blank jumps max(d, 1)); the ``max_sym_per_frame``-th label on a frame moves one frame on, no blank scored
    (the rule of greedy search and of :mod:`asrprec.decoding.tdt`; with 1, icefall's one symbol per frame of
@@ -28,20 +35,22 @@ The loop ends when every hypothesis is finished; the result is the best by lengt
 as :func:`asrprec.decoding.modified_beam_search`) or raw score. With K = 1 it makes greedy search's decisions.
 
 One step is a fixed list of tensor operations on the whole (B, K) block, with no Python loop over utterances,
-hypotheses or labels: one joiner call on each hypothesis's frame (gathered from the encoder projection made once for
-the call), one ``topk`` over each utterance's K · V candidates, one row copy of the survivors' packed state, and the
-merge as (B, K, K) comparisons of state rows. The state lives in preallocated tensors (:class:`BeamState`) updated
-in place, so the step has static shapes and addresses: on a CUDA device :class:`MalsdBeamSearch` captures it once as
-a CUDA graph and replays it, the host reading one flag (any hypothesis active?) between replays (label looping's
-``no_while_loops`` mode, :mod:`asrprec.decoding.label_looping`), and the decoder runs on every row. Elsewhere
-(eagerly) each step computes only the utterances up to the last one still active (the batch is sorted by length),
-and the decoder runs only for new contexts: its output depends on the last C tokens only, and is kept by context
-when V^C is at most 65,536 (by :class:`MalsdBeamSearch` from call to call, while the weights stay the same). On the
-CPU the bookkeeping after the ``topk`` (reordering, appending, moving, merging) is one compiled call
-(:mod:`asrprec.decoding.batched_beam_cpu`, the twin of the tensor form; a batch with fusion takes the tensor form).
+hypotheses or labels: one joiner call on each expanding hypothesis's frame (gathered from the encoder projection
+made once for the call), one ``topk`` over each utterance's K · V candidates (TDT: two), one row copy of the
+survivors' packed state, and the merge as (B, K, K) comparisons of state rows. The state lives in preallocated
+tensors (:class:`BeamState`) updated in place, so the step has static shapes and addresses: on a CUDA device
+:class:`MalsdBeamSearch` captures it once as a CUDA graph and replays it, the host reading one flag (any hypothesis
+active?) between replays (label looping's ``no_while_loops`` mode, :mod:`asrprec.decoding.label_looping`), and the
+decoder runs on every row. Elsewhere (eagerly) each step computes only the utterances up to the last one still
+active (the batch is sorted by length), and the decoder runs only for new contexts: its output depends on the last C
+tokens only, and is kept by context when V^C is at most 65,536 (by :class:`MalsdBeamSearch` from call to call, while
+the weights stay the same). On the CPU the bookkeeping after the ``topk`` (reordering, appending, moving, merging)
+is one compiled call (:mod:`asrprec.decoding.batched_beam_cpu`, the twin of the tensor form; a batch with fusion
+takes the tensor form).
 
-Legend: B utterances, K beam, T encoder frames, J joiner width, V vocabulary (blank included), D durations,
-L the longest label sequence (T · max_sym_per_frame), C the decoder's context size.
+Legend: B utterances, K hypotheses per utterance (the beam; TDT: beam · (d_max + 1)), T encoder frames, J joiner
+width, V vocabulary (blank included), D durations, L the longest label sequence (T · max_sym_per_frame), C the
+decoder's context size.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ from torch import nn
 from asrprec.precision.islands import autocast_dtype, autocast_without_cache
 
 from ._common import graph_mode, log_softmax_fp32, model_device, sort_and_project
-from .batched_beam_cpu import advance_kernel
+from .batched_beam_cpu import advance_kernel, tdt_select_kernel
 from .fusion import BatchFusion
 from .hypothesis import DecodingResult, results_of
 
@@ -123,7 +132,7 @@ class MalsdBeamSearch:
     Args:
         model: a transducer (:class:`~asrprec.decoding.SearchableTransducer`); a TDT model (``model.durations``) is
             searched over (label, duration) pairs. Any precision.
-        beam: hypotheses per utterance (>= 1). max_sym_per_frame: labels per frame (>= 1).
+        beam: hypotheses per utterance (>= 1; TDT: per frame). max_sym_per_frame: labels per frame (>= 1).
         length_norm: final choice by ``score / (context_size + len(tokens))`` (icefall) or by raw score.
         use_cuda_graphs: ``None`` captures the step as a CUDA graph when the model is on a CUDA device and runs
             eagerly elsewhere (or when capture fails, with a warning); ``True`` requires it (an error on CPU);
@@ -144,6 +153,7 @@ class MalsdBeamSearch:
         if not isinstance(max_sym_per_frame, int) or max_sym_per_frame < 1:
             raise ValueError(f"max_sym_per_frame must be an integer >= 1, got {max_sym_per_frame!r}")
         self.model, self.K, self.S, self.length_norm = model, beam, max_sym_per_frame, length_norm
+        self.beam = beam
         self.device = model_device(model)
         self.use_cuda_graphs, self._static = graph_mode(self.device, use_cuda_graphs, static_shapes)
         self._required = bool(use_cuda_graphs)
@@ -157,11 +167,15 @@ class MalsdBeamSearch:
             self.pair_label = torch.arange(self.V * self.D, device=self.device) // self.D
             jump = self.dur.repeat(self.V)
             self.pair_jump = torch.where(self.pair_label == self.blank, jump.clamp(min=1), jump)
-        W = self.V * (self.D if self.tdt else 1)
+        else:
+            self.D = 1
+        W = self.V * self.D
         # a finished hypothesis's candidates: itself (as a blank, pair (blank, first duration)), nothing else
         self.keep_self = torch.full((W,), NEG_INF, dtype=torch.float64, device=self.device)
-        self.keep_self[self.blank * (self.D if self.tdt else 1)] = 0.0
-        K = beam
+        self.keep_self[self.blank * self.D] = 0.0
+        if self.tdt:  # slots: `beam` for each frame a jump reaches (waiting hypotheses) and for the finished ones
+            self.K = beam * (int(self.pair_jump.max()) + 1)
+        K = self.K
         self.earlier = torch.arange(K, device=self.device)[None, :] < torch.arange(K, device=self.device)[:, None]
         if self.V ** self.C >= 1 << 62:
             raise ValueError(f"malsd_batch keeps a decoder context as one int64 number, V^C < 2^62; got V={self.V}, "
@@ -319,28 +333,31 @@ class MalsdBeamSearch:
         K, V, S, blank = self.K, self.V, self.S, self.blank
         T, J, L = s.enc.shape[1], s.dec.shape[-1], s.tokens.shape[-1]
         score, ints, lens, active = s.score[:n], s.ints[:n], s.lens[:n, None], s.active[:n]
-        frames = ints[..., _T].clamp(max=T - 1)
-        enc = s.enc.view(-1, J).index_select(0, (s.frame0[:n] + frames).view(-1)).view(n, K, J)
-        logits = self.model.join_projected(enc, s.dec[:n])
-        lp = log_softmax_fp32(logits[..., :V]).double()  # (n, K, V)
         fusion = self._fusion
-        if fusion is not None:
-            bonus, next_fstate = fusion.scores(self._fstate[:n].reshape(n * K, 4))  # (n·K, V), (n·K, V, 4)
-            lp = lp + bonus.view(n, K, V).double()
         if self.tdt:
-            lp = (lp[..., None] + log_softmax_fp32(logits[..., V:]).double()[..., None, :]).view(n, K, -1)
-        W = lp.shape[-1]
-        # a finished hypothesis proposes itself (as a blank); one topk over each utterance's K · W candidates, best
-        # first (the merge below relies on the order)
-        cand = torch.where(active[..., None], lp, self.keep_self) + score[..., None]  # (n, K, W)
-        best, choice = cand.view(n, K * W).topk(K, dim=1)  # (n, K)
+            best, choice, expand, fusion_rows, next_fstate = self._tdt_candidates(s, n)
+        else:  # every hypothesis expands (it moves one frame per blank: ALSD's alignment-length order)
+            frames = ints[..., _T].clamp(max=T - 1)
+            enc = s.enc.view(-1, J).index_select(0, (s.frame0[:n] + frames).view(-1)).view(n, K, J)
+            lp = log_softmax_fp32(self.model.join_projected(enc, s.dec[:n])[..., :V]).double()  # (n, K, V)
+            if fusion is not None:
+                bonus, next_fstate = fusion.scores(self._fstate[:n].reshape(n * K, 4))  # (n·K, V), (n·K, V, 4)
+                lp = lp + bonus.view(n, K, V).double()
+                fusion_rows = None
+            # a finished hypothesis proposes itself (as a blank); one topk over each utterance's K · V candidates,
+            # best first (the merge below relies on the order)
+            cand = torch.where(active[..., None], lp, self.keep_self) + score[..., None]  # (n, K, V)
+            best, choice = cand.view(n, K * V).topk(K, dim=1)  # (n, K)
+            expand = active
+        W = self.V * self.D
         if self._arrays is not None and fusion is None:  # the rest in one compiled call
-            return self._advance_cpu(s, n, best, choice, W)
+            return self._advance_cpu(s, n, best, choice, W, expand)
         src = torch.div(choice, W, rounding_mode="floor")
         picked = choice - src * W  # label (RNN-T) or (label, duration) pair (TDT)
         label = self.pair_label[picked] if self.tdt else picked
         alive = best > NEG_INF
-        emit = (label != blank) & active.gather(1, src) & alive
+        moving = expand.gather(1, src) & alive
+        emit = (label != blank) & moving
 
         # the survivors' state, by their source hypothesis
         flat = (s.hyp0[:n] + src).view(-1)  # (n · K,) the source rows
@@ -357,13 +374,14 @@ class MalsdBeamSearch:
                 s.durs[:n] = reorder(s.durs).scatter_(2, pos, self.dur[picked % self.D][..., None])
         if fusion is not None:
             rows = torch.arange(n, device=self.device)[:, None]
-            moved = next_fstate.view(n, K, V, 4)[rows, src, label.clamp(min=0)]  # (n, K, 4)
+            origin = src if fusion_rows is None else fusion_rows.gather(1, src)  # the row of next_fstate
+            moved = next_fstate.view(n, -1, V, 4)[rows, origin, label.clamp(min=0)]  # (n, K, 4)
             old = self._fstate[:n].gather(1, src[..., None].expand(n, K, 4))
             self._fstate[:n] = torch.where(emit[..., None], moved, old)
 
         # advance frames: blank one frame (TDT: its jump), a label stays (RNN-T) or jumps its duration (TDT); the
         # S-th label on a frame moves one frame on, no blank scored. A finished hypothesis stays at its end.
-        jump = self.pair_jump[picked] if self.tdt else (~emit).long()
+        jump = (self.pair_jump[picked] if self.tdt else (~emit).long()) * moving
         sym = (sym + 1) * (emit & (jump == 0))  # labels on the frame, counting this one when it stays
         capped = sym >= S
         t = torch.minimum(t + jump + capped, lens)
@@ -390,12 +408,64 @@ class MalsdBeamSearch:
         live = active.any(dim=1).nonzero()
         return int(live[-1]) + 1 if live.numel() else 0
 
-    def _advance_cpu(self, s: BeamState, n: int, best: torch.Tensor, choice: torch.Tensor, W: int) -> int:
+    def _tdt_candidates(self, s: BeamState, n: int):
+        """A TDT step's K best candidates, frame by frame (rule 2 of the module docstring): the best ``beam``
+        hypotheses on each utterance's earliest frame expand (the others there leave the beam), their ``beam`` best
+        (label, duration) pairs join the hypotheses that wait on later frames or have finished. Only the expanded
+        rows meet the joiner. Returns (best, choice) as a ``topk`` over K · W candidates gives them, which rows
+        expanded (n, K), and with fusion each slot's row in the fusion scores and those scores' next states."""
+        K, E, V, T, J = self.K, self.beam, self.V, s.enc.shape[1], s.dec.shape[-1]
+        score, frames, active = s.score[:n], s.ints[:n, :, _T], s.active[:n]
+        earliest = torch.where(active, frames, T).amin(dim=1, keepdim=True)
+        on_it = active & (frames == earliest)
+        e_score, e_rows = torch.where(on_it, score, NEG_INF).topk(E, dim=1)  # (n, E) the rows that expand
+        e_live = e_score > NEG_INF
+        at = frames.gather(1, e_rows).clamp(max=T - 1)
+        enc = s.enc.view(-1, J).index_select(0, (s.frame0[:n] + at).view(-1)).view(n, E, J)
+        dec = s.dec.view(-1, J).index_select(0, (s.hyp0[:n] + e_rows).view(-1)).view(n, E, J)
+        logits = self.model.join_projected(enc, dec)
+        lp = log_softmax_fp32(logits[..., :V]).double()  # (n, E, V)
+        fusion, next_fstate, fusion_rows = self._fusion, None, None
+        if fusion is not None:
+            states = self._fstate[:n].gather(1, e_rows[..., None].expand(n, E, 4))
+            bonus, next_fstate = fusion.scores(states.reshape(n * E, 4))  # (n·E, V), (n·E, V, 4)
+            lp = lp + bonus.view(n, E, V).double()
+            fusion_rows = torch.zeros(n, K, dtype=torch.int64, device=self.device).scatter_(
+                1, e_rows, torch.arange(E, device=self.device).expand(n, E).contiguous())
+        W, D = V * self.D, self.D
+        if self._arrays is not None and fusion is None:  # the selection in one compiled call
+            best = torch.empty(n, K, dtype=torch.float64)
+            choice = torch.empty(n, K, dtype=torch.int64)
+            expand = torch.empty(n, K, dtype=torch.bool)
+            tdt_select_kernel()(lp.numpy(), log_softmax_fp32(logits[..., V:]).double().numpy(), e_rows.numpy(),
+                                e_score.numpy(), score.numpy(), on_it.numpy(), W, D, self.blank, best.numpy(),
+                                choice.numpy(), expand.numpy())
+            return best, choice, expand, None, None
+        # the E best (label, duration) pairs of a hypothesis are among its E best labels x E best durations (the
+        # two scores add): E · E candidates per row instead of V · D
+        top_lp, top_label = lp.topk(min(E, V), dim=-1)  # (n, E, El)
+        top_ld, top_dur = log_softmax_fp32(logits[..., V:]).double().topk(min(E, D), dim=-1)  # (n, E, Ed)
+        pairs = (top_label[..., :, None] * D + top_dur[..., None, :]).view(n, -1)  # (n, E · El · Ed) pair ids
+        cand = (top_lp[..., :, None] + top_ld[..., None, :]).view(n, E, -1) + e_score[..., None]
+        cand = torch.where(e_live[..., None], cand, NEG_INF)
+        new_best, new_idx = cand.view(n, -1).topk(E, dim=1)
+        e = torch.div(new_idx, cand.shape[-1], rounding_mode="floor")
+        new_choice = e_rows.gather(1, e) * W + pairs.gather(1, new_idx)
+        held = torch.where(~on_it & (score > NEG_INF), score, NEG_INF)  # waiting or finished: itself, a blank
+        held_choice = (torch.arange(K, device=self.device) * W + self.blank * self.D).expand(n, K)
+        best, idx = torch.cat([new_best, held], 1).topk(K, dim=1)
+        choice = torch.cat([new_choice, held_choice], 1).gather(1, idx)
+        expand = torch.zeros(n, K, dtype=torch.bool, device=self.device).scatter_(1, e_rows, e_live)
+        return best, choice, expand, fusion_rows, next_fstate
+
+    def _advance_cpu(self, s: BeamState, n: int, best: torch.Tensor, choice: torch.Tensor, W: int,
+                     expand: torch.Tensor) -> int:
         """The bookkeeping of :meth:`_step` after the ``topk`` by :mod:`asrprec.decoding.batched_beam_cpu`."""
         state, pairs = self._arrays
         src = torch.empty(n, self.K, dtype=torch.int64)
         emit = torch.empty(n, self.K, dtype=torch.bool)
-        live = advance_kernel()(best.numpy(), choice.numpy(), W, *state, *pairs, self.S, self.blank, self.V,
+        live = advance_kernel()(best.numpy(), choice.numpy(), W, expand.numpy(), *state, *pairs, self.S, self.blank,
+                                self.V,
                                 self.drop, src.numpy(), emit.numpy())
         s.score[:n] = best  # the kernel wrote the merged scores into it
         dec = None
@@ -461,7 +531,7 @@ def malsd_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_l
         model: a transducer (:class:`~asrprec.decoding.SearchableTransducer`); a TDT model
             (``model.durations``) is searched over (label, duration) pairs. Any precision.
         encoder_out: (B, T, D_enc) from ``model.encode``. encoder_out_lens: (B,) integer valid frames (0 allowed).
-        beam: hypotheses per utterance (>= 1). max_sym_per_frame: labels per frame (>= 1).
+        beam: hypotheses per utterance (>= 1; TDT: per frame). max_sym_per_frame: labels per frame (>= 1).
         length_norm: final choice by ``score / (context_size + len(tokens))`` (icefall) or by raw score.
         fusion: LM / LODR / phrase bonuses for non-blank labels (:mod:`asrprec.decoding.fusion`); an unfinished phrase
             gives its bonus back before the final choice.

@@ -17,24 +17,95 @@ import math
 import numpy as np
 
 _HASH_MUL = 1_000_003  # as asrprec.decoding.batched_beam
-_kernel = None
+_kernels: dict = {}
+
+
+def _compiled(fn):
+    """``fn`` compiled by numba (once; kept by name)."""
+    if fn.__name__ not in _kernels:
+        from numba import njit
+
+        _kernels[fn.__name__] = njit(cache=True, nogil=True)(fn)
+    return _kernels[fn.__name__]
 
 
 def advance_kernel():
     """The compiled :func:`_advance` (numba imported and the kernel compiled, or read from its cache, on first use)."""
-    global _kernel
-    if _kernel is None:
-        from numba import njit
-
-        _kernel = njit(cache=True, nogil=True)(_advance)
-    return _kernel
+    return _compiled(_advance)
 
 
-def _advance(best, choice, W, active, ints, tokens, stamps, durs, pair_label, pair_jump, pair_dur, lens, S, blank,
-             V, drop, src_out, emit_out):  # pragma: no cover - compiled by numba
+def tdt_select_kernel():
+    """The compiled :func:`_tdt_select` (its helper :func:`_insert` compiled first: the kernel calls it)."""
+    global _insert
+    _insert = _compiled(_insert)
+    return _compiled(_tdt_select)
+
+
+def _insert(vals, ids, v, i):  # pragma: no cover - compiled by numba
+    """Put (v, i) into the descending list ``vals`` / ``ids`` when it beats the last entry (strictly)."""
+    k = vals.shape[0] - 1
+    if not v > vals[k]:
+        return
+    while k > 0 and v > vals[k - 1]:
+        vals[k] = vals[k - 1]
+        ids[k] = ids[k - 1]
+        k -= 1
+    vals[k] = v
+    ids[k] = i
+
+
+def _tdt_select(lp, lpd, e_rows, e_score, score, on_it, W, D, blank, best, choice, expand):
+    # pragma: no cover - compiled by numba
+    """A TDT step's candidates on the CPU (the tensor form: ``MalsdBeamSearch._tdt_candidates``): for each of the
+    first n utterances, the ``E`` best (label, duration) pairs of its expanding hypotheses, then the K best of those
+    and the hypotheses that wait or have finished (each proposing itself as a blank), best first.
+
+    lp: (n, E, V) and lpd: (n, E, D) float64 log-probabilities of the expanding rows ``e_rows`` (n, E), whose scores
+    are ``e_score`` (-inf: no row). score: (n, K); on_it: (n, K) bool, hypotheses on the earliest frame (they leave
+    unless they expand). Writes best, choice (n, K) as a ``topk`` gives them (choice = source · W + pair), and
+    expand (n, K) bool.
+    """
+    n, E, V = lp.shape
+    K = score.shape[1]
+    El, Ed = min(E, V), min(E, D)
+    for b in range(n):
+        new_v = np.full(E, -np.inf)
+        new_c = np.zeros(E, dtype=np.int64)
+        for k in range(K):
+            expand[b, k] = False
+        for e in range(E):
+            base = e_score[b, e]
+            if base == -np.inf:
+                continue
+            expand[b, e_rows[b, e]] = True
+            lab_v = np.full(El, -np.inf)
+            lab_i = np.zeros(El, dtype=np.int64)
+            for v in range(V):
+                _insert(lab_v, lab_i, lp[b, e, v], v)
+            dur_v = np.full(Ed, -np.inf)
+            dur_i = np.zeros(Ed, dtype=np.int64)
+            for d in range(D):
+                _insert(dur_v, dur_i, lpd[b, e, d], d)
+            for i in range(El):
+                for j in range(Ed):
+                    _insert(new_v, new_c, base + lab_v[i] + dur_v[j], e_rows[b, e] * W + lab_i[i] * D + dur_i[j])
+        for k in range(K):
+            best[b, k] = -np.inf
+            choice[b, k] = 0
+        for e in range(E):
+            _insert(best[b], choice[b], new_v[e], new_c[e])
+        for k in range(K):
+            if not on_it[b, k] and score[b, k] > -np.inf:
+                _insert(best[b], choice[b], score[b, k], k * W + blank * D)
+
+
+def _advance(best, choice, W, expand, active, ints, tokens, stamps, durs, pair_label, pair_jump, pair_dur, lens, S,
+             blank, V, drop, src_out, emit_out):  # pragma: no cover - compiled by numba
     """One step's state update for the first n = ``best.shape[0]`` utterances, in place.
 
     best, choice: (n, K) the candidates' scores (best first) and indices into each utterance's K · W.
+    expand: (n, K) bool, the hypotheses expanded this step (the others, finished or waiting for their frame, proposed
+    themselves: they keep their state).
     active: (B, K) bool, before the step; updated. ints: (B, K, 6) int64 [frame, labels on it, label count, last
     label, hash, context]; updated. tokens, stamps, durs: (B, K, L) int64 (stamps / durs with L = 1: not kept).
     pair_label, pair_jump, pair_dur: (W,) each candidate's label, frame jump and duration (RNN-T: D = 1, a blank
@@ -50,7 +121,6 @@ def _advance(best, choice, W, active, ints, tokens, stamps, durs, pair_label, pa
     old_tokens = tokens[:n].copy()
     old_stamps = stamps[:n].copy()
     old_durs = durs[:n].copy()
-    was_active = active[:n].copy()
     live = 0
     for b in range(n):
         T = lens[b]
@@ -60,7 +130,8 @@ def _advance(best, choice, W, active, ints, tokens, stamps, durs, pair_label, pa
             p = c - j * W
             label = pair_label[p]
             alive = best[b, k] > -np.inf
-            emit = label != blank and was_active[b, j] and alive
+            moving = expand[b, j] and alive
+            emit = label != blank and moving
             t, sym, length, last, h, ctx = old[b, j, 0], old[b, j, 1], old[b, j, 2], old[b, j, 3], old[b, j, 4], \
                 old[b, j, 5]
             for i in range(length):
@@ -71,7 +142,7 @@ def _advance(best, choice, W, active, ints, tokens, stamps, durs, pair_label, pa
             if keep_durs:
                 for i in range(length):
                     durs[b, k, i] = old_durs[b, j, i]
-            jump = pair_jump[p]
+            jump = pair_jump[p] if moving else 0
             if emit:
                 pos = min(length, L - 1)
                 tokens[b, k, pos] = label

@@ -13,6 +13,7 @@ import torch
 
 from asrprec.decoding import (
     DecodingOptions, decode_encoder_out, greedy_search, malsd_beam_search, modified_beam_search, tdt_greedy_search,
+    tdt_modified_beam_search,
 )
 from asrprec.decoding.batched_beam import MalsdBeamSearch
 from asrprec.decoding.fusion import Fusion
@@ -147,6 +148,60 @@ def test_tdt_durations_are_honoured(kit, seed):
     (got,), (score,) = malsd_beam_search(model, enc, enc_lens, 512, S, length_norm=False, return_scores=True)
     assert got == want_y and score == pytest.approx(want, abs=1e-5)
     assert malsd_beam_search(model, enc, enc_lens, 1, S) == tdt_greedy_search(model, enc, enc_lens, S)
+
+
+def test_tdt_alignments_of_one_sequence_merge_on_their_frame(kit):
+    """A joint that ignores its inputs: blank 0.9, durations 1 and 2 equally likely (0 all but impossible). At beam 2
+    the empty sequence's alignments (every way to cover T frames with jumps of 1 and 2) leave the beam as two
+    hypotheses on different frames; taken frame by frame they meet again and merge, so the best hypothesis's score is
+    the sum over all of them: log Σ over compositions of T into 1s and 2s (2·0.45 per jump, the last jump may
+    overshoot), computed by the enumeration of every TDT path."""
+    T = 9
+    model = tdt_model(kit, 0, durations=(0, 1, 2), vocab=3)
+    with torch.no_grad():
+        model.joiner.output_linear.weight.zero_()
+        model.joiner.output_linear.bias.copy_(torch.tensor([0.9, 0.05, 0.05, 1e-30, 0.5, 0.5]).log())
+    feats, lens = kit.make_batch(0, [T])
+    enc, enc_lens = model.encode(feats, lens)
+    want = tdt_sequence_score(model, enc[0], (), 1)
+    (got,), (score,) = malsd_beam_search(model, enc, enc_lens, 2, 1, length_norm=False, return_scores=True)
+    assert got == [] and score == pytest.approx(want, abs=1e-6)  # fp32 log-softmax
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("max_sym", [1, 2])
+def test_tdt_equals_the_frame_by_frame_modified_beam_search(kit, seed, max_sym):
+    """On a TDT model malsd_batch keeps modified beam search's rules (the earliest frame's best `beam` hypotheses
+    expand, their candidates compete for `beam` places, equal sequences on a frame merge), so the two, written apart
+    (per-frame dictionaries against one tensor step for the batch), decode alike, durations included."""
+    model = tdt_model(kit, seed, logit_scale=2.0)
+    feats, lens = kit.make_batch(seed, LENS)
+    enc, enc_lens = model.encode(feats, lens)
+    for beam in (2, 4):
+        want = tdt_modified_beam_search(model, enc, enc_lens, beam, max_sym, return_results=True)
+        got = malsd_beam_search(model, enc, enc_lens, beam, max_sym, return_results=True)
+        assert [(r.tokens, r.durations) for r in got] == [(r.tokens, r.durations) for r in want]
+        assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=1e-5)
+    assert sum(len(r.tokens) for r in got) > 4
+
+
+def test_tdt_with_an_lm_and_a_phrase_equals_modified_beam_search(kit, tmp_path):
+    """The same with LM, LODR and a hot phrase: both add the bonuses to the labels and give an unfinished phrase's
+    back at the end."""
+    from asrprec.lm import estimate_kneser_ney, load_arpa, write_arpa
+
+    lm = load_arpa(write_arpa(tmp_path / "lm.arpa", estimate_kneser_ney([["a", "b", "c"], ["b", "d"]], 3)),
+                   ["<blk>", "<unk>", "a", "b", "c", "d"])
+    fusion = Fusion(vocab_size=6, lm=lm, lm_scale=0.5, lodr=lm, lodr_scale=0.2, phrases=[[2, 3]],
+                    hotword_score=1.5).for_batch([str(i) for i in range(len(LENS))])
+    model = tdt_model(kit, 4, logit_scale=2.0)
+    feats, lens = kit.make_batch(4, LENS)
+    enc, enc_lens = model.encode(feats, lens)
+    want = tdt_modified_beam_search(model, enc, enc_lens, 3, 1, return_results=True, fusion=fusion)
+    got = malsd_beam_search(model, enc, enc_lens, 3, 1, return_results=True, fusion=fusion)
+    assert [(r.tokens, r.durations) for r in got] == [(r.tokens, r.durations) for r in want]
+    assert [r.score for r in got] == pytest.approx([r.score for r in want], abs=1e-5)
+    assert got != malsd_beam_search(model, enc, enc_lens, 3, 1, return_results=True)  # the bonuses changed something
 
 
 @pytest.mark.parametrize("beam", [2, 4])
