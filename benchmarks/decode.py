@@ -10,9 +10,10 @@ Precision modes (the same weights every time):
 
 Methods: ``greedy_search`` (frame-looping), ``label_looping`` (:class:`asrprec.decoding.LabelLoopingGreedy`,
 eager), ``label_looping_graphs`` (the same, captured as CUDA graphs; CUDA only), ``modified_beam_search`` and
-``malsd_batch`` (:class:`asrprec.decoding.batched_beam.MalsdBeamSearch`, one search kept for the run: its decoder
-outputs by context and state persist from batch to batch), ``malsd_batch_per_call`` (a new search per batch,
-:func:`asrprec.decoding.malsd_beam_search` as the recipes' ``decode.py`` calls it; static shapes on CUDA) and
+``malsd_batch`` (:class:`asrprec.decoding.batched_beam.MalsdBeamSearch`, one search kept for the run, as the
+recipes' ``decode.py`` keeps it: its decoder outputs by context and state persist from batch to batch),
+``malsd_batch_per_call`` (a new search per batch, a one-off :func:`asrprec.decoding.malsd_beam_search` call; static
+shapes on CUDA) and
 ``malsd_batch_graphs`` (its step captured as a CUDA graph; CUDA only); on a
 model with a CTC head (a hybrid decodes both heads; ``--synthetic --ctc`` builds one) ``ctc_greedy_search`` and
 ``ctc_prefix_beam_search`` (``--beam``). A TDT model (``--loss tdt``) runs the TDT searches under the same names

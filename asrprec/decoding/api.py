@@ -61,7 +61,7 @@ class DecodingOptions:
 
 class Searcher:
     """The search of ``options.method`` for ``model``, looked up once in the table of :mod:`asrprec.decoding.methods`
-    and kept for many batches (label looping keeps its buffers and CUDA graphs).
+    and kept for many batches (label looping and ``malsd_batch`` keep their buffers and CUDA graphs).
 
     Call it as ``searcher(encoder_out (B, T', D_enc), encoder_out_lens (B,), fusion=None)``: B token-id lists in the
     input order, or with ``return_timestamps=True`` B :class:`~asrprec.decoding.DecodingResult` (tokens, the encoder

@@ -8,7 +8,8 @@ error naming what the model can do.
 Every entry gives :class:`~asrprec.decoding.DecodingResult` (tokens, encoder frames, TDT durations, score):
 
 * whole utterances: ``make(model, options)`` → a batch search called as ``search(encoder_out (B, T, D_enc),
-  encoder_out_lens (B,), fusion)``; it may keep state across batches (label looping's buffers and CUDA graphs);
+  encoder_out_lens (B,), fusion)``; it may keep state across batches (label looping's and ``malsd_batch``'s
+  buffers and CUDA graphs);
 * chunk by chunk (``streaming``): ``make(model, options, batch_size, device)`` → a chunk search with
   ``accept(encoder_out (B, T', D_enc), encoder_out_lens (B,))`` per chunk and ``results()``.
 
@@ -24,7 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .batched_beam import malsd_beam_search
+from .batched_beam import MalsdBeamSearch
 from .beam_search import StreamingModifiedBeamSearch, modified_beam_search
 from .ctc import StreamingCtcGreedySearch, StreamingCtcPrefixBeamSearch, ctc_greedy_search, ctc_prefix_beam_search
 from .fusion import BatchFusion
@@ -91,8 +92,9 @@ def _tdt_beam(model: nn.Module, o: Any) -> BatchSearch:
 
 
 def _malsd(model: nn.Module, o: Any) -> BatchSearch:  # RNN-T and TDT alike
-    return lambda enc, lens, fusion: malsd_beam_search(model, enc, lens, o.beam, o.max_sym_per_frame,
-                                                       length_norm=o.length_norm, fusion=fusion, return_results=True)
+    # one search for every batch: it keeps its state, its decoder outputs by context and (on CUDA) its graph
+    search = MalsdBeamSearch(model, o.beam, o.max_sym_per_frame, length_norm=o.length_norm)
+    return lambda enc, lens, fusion: search(enc, lens, fusion=fusion, return_results=True)
 
 
 def _ctc_greedy(model: nn.Module, o: Any) -> BatchSearch:

@@ -292,3 +292,26 @@ def test_a_model_built_under_inference_mode_decodes(kit):
         enc, enc_lens = model.encode(feats, lens)
         assert malsd_beam_search(model, enc, enc_lens, 4, 1) == want
         assert malsd_beam_search(model, enc, enc_lens, 4, 1) == want  # the second call reuses the cache
+
+
+def test_a_searcher_keeps_one_search_for_its_batches(kit):
+    """decode.py's Searcher holds one MalsdBeamSearch for the run (its state, decoder outputs by context and, on CUDA,
+    its graph); each batch decodes as a one-off call does, for RNN-T and TDT."""
+    from asrprec.decoding import Searcher
+
+    for model in (kit.make_model(9, blank_bias=0.5), tdt_model(kit, 9)):
+        searcher = Searcher(model, DecodingOptions(method="malsd_batch", beam=3, max_sym_per_frame=2))
+
+        def held():  # the MalsdBeamSearch the searcher's batch search calls
+            (search,) = [c.cell_contents for c in searcher._search.__closure__
+                         if isinstance(c.cell_contents, MalsdBeamSearch)]
+            return search
+
+        kept = {id(held())}
+        for seed, lens in ((1, LENS), (2, [4, 9]), (3, [12, 2, 6, 6, 1, 8, 3])):
+            enc, enc_lens = model.encode(*kit.make_batch(seed, lens))
+            want = malsd_beam_search(model, enc, enc_lens, 3, 2, return_results=True)
+            got = searcher(enc, enc_lens, return_timestamps=True)
+            assert [(r.tokens, r.frames, r.durations) for r in got] == [(r.tokens, r.frames, r.durations) for r in want]
+            kept.add(id(held()))
+        assert len(kept) == 1

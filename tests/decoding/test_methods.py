@@ -170,7 +170,14 @@ def test_decode_dataset_hands_over_each_batchs_results(kit):
         for b in loader:
             want.update(zip(b["cut_ids"], Searcher(model, options)(*model.encode(b["features"], b["feature_lens"]),
                                                                    return_timestamps=True)))
-        assert seen == want and sum(len(r.tokens) for r in seen.values()) > 5
+        # a fresh Searcher per batch: malsd_batch keeps decoder outputs across batches, so scores agree to fp32 rounding
+        def parts(results):
+            return {c: (r.tokens, r.frames, r.durations, r.score is None) for c, r in results.items()}
+
+        assert parts(seen) == parts(want)
+        scored = [c for c in want if want[c].score is not None]
+        assert [seen[c].score for c in scored] == pytest.approx([want[c].score for c in scored], abs=1e-5)
+        assert sum(len(r.tokens) for r in seen.values()) > 5
         assert [hyp for _, _, hyp in got] == [Words().decode(seen[c].tokens).split() for c, _, _ in got]
     looping, _ = decode_dataset(model, loader, Words(), DecodingOptions(max_sym_per_frame=2,
                                                                         greedy_method="label_looping"))
