@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Export a trained model to the ONNX files sherpa-onnx runs: encoder.onnx, decoder.onnx, joiner.onnx, tokens.txt.
+sherpa-onnx runs RNN-T models (configs/rnnt.yaml); the default TDT model's files run in onnxruntime (onnx_decode.py).
 
     python recipes/espeak/export.py --exp-dir recipes/espeak/exp/fp32 --epoch 10 --avg 3 --use-averaged-model --int8
 
