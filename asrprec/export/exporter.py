@@ -47,7 +47,7 @@ SHERPA_TDT_REASON = (
     "sherpa-onnx decodes TDT models only through its NeMo transducer path, which computes librosa-style, "
     "per-feature-normalised mel features instead of the Kaldi-compatible fbank asrprec's models are trained on, and "
     "its icefall transducer path has no duration head; decode a TDT export with asrprec.export.load_onnx_model "
-    "(onnxruntime) instead")
+    "(onnxruntime) instead, or train the transducer as an RNN-T (--loss pruned) for sherpa-onnx")
 
 #: bumped when the exported graphs or metadata change meaning
 EXPORT_VERSION = 1
