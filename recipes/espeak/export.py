@@ -4,7 +4,8 @@ sherpa-onnx runs RNN-T models (configs/rnnt.yaml); the default TDT model's files
 
     python recipes/espeak/export.py --exp-dir recipes/espeak/exp/fp32 --epoch 10 --avg 3 --use-averaged-model --int8
 
-A causal Zipformer (trained with --causal) exports as a streaming model at one trained chunk size and left context:
+A causal RNN-T Zipformer (trained with --config configs/causal.yaml; a TDT model exports offline only) exports as
+a streaming model at one trained chunk size and left context:
 
     python recipes/espeak/export.py --exp-dir recipes/espeak/exp/causal --epoch 10 --avg 3 --use-averaged-model \
         --streaming --chunk-size 32 --left-context-frames 128 --int8
