@@ -58,11 +58,8 @@ DEFAULTS = {
     # for sherpa-onnx (which cannot run a TDT export) and streaming export. CTC and consistency weights 0.5 and 0.1
     # were chosen on dev over icefall's 0.1 and 0.02 (transducer greedy 8.2 against 10.7 %) and 1.0 and 0.2 (8.5 %).
     # The pruned loss's smoothed "simple" term rides beside the TDT loss (tdt_aux) and gives the encoder a direct
-    # content signal, its scale ramped down over the library's 2000 batches (icefall's warm_step).
-    # The `tiny` preset without its front-end ConvNeXt block (`convnext_hidden_ratio` 0): 16 % less time per step at
-    # the same accuracy (one thread, two seeds: dev greedy 3.40 % against 3.62 % with the ConvNeXt and a 4000-batch
-    # ramp; benchmarks/RESULTS.md "Embedded recipe").
-    "model": {"encoder": "zipformer", "size": "tiny", "encoder_overrides": {"convnext_hidden_ratio": 0}, "loss": "tdt",
+    # content signal; a slow loss-scale ramp (icefall's warm_step) keeps it dominant for the whole short run.
+    "model": {"encoder": "zipformer", "size": "tiny", "loss": "tdt", "loss_warmup_batches": 4000,
               "use_ctc": True, "ctc_loss_scale": 0.5, "use_cr_ctc": True, "cr_loss_scale": 0.1},
     # A few thousand batches in total: a short LR schedule, and the running average of the weights (decode.py
     # --use-averaged-model) sampled every 10 batches rather than icefall's 200. The Zipformer's own schedules (layer
