@@ -1,11 +1,12 @@
 """Waveform augmentation for the synthetic corpus: additive noise at an SNR and simple reverberation; and, for
-training, tempo perturbation of fbank frames, examples joined from several utterances with pauses between them, and
-noise mixing of cuts.
+training, tempo and vocal-tract length perturbation of fbank frames, examples joined from several utterances with
+pauses between them, and noise mixing of cuts.
 
 The waveform functions are plain numpy on 1-D float signals, every random choice drawn from a caller-supplied
-``numpy.random.Generator`` so a corpus stays deterministic for its seed. :func:`change_tempo` and
-:class:`UtteranceJoiner` work on torch tensors of fbank frames, :func:`noise_mix_transform` on lhotse cuts (lhotse's
-``CutMix``); torch and lhotse are imported there only: the corpus' synthesis workers import numpy alone. SpecAugment
+``numpy.random.Generator`` so a corpus stays deterministic for its seed. :func:`change_tempo`,
+:func:`warp_frequency` and :class:`UtteranceJoiner` work on torch tensors of fbank frames,
+:func:`noise_mix_transform` on lhotse cuts (lhotse's ``CutMix``); torch and lhotse are imported there only: the
+corpus' synthesis workers import numpy alone. SpecAugment
 lives in :mod:`asrprec.data.datamodule` and uses lhotse's.
 """
 
@@ -137,6 +138,61 @@ def change_batch_tempo(features: Any, feature_lens: Any, texts: Sequence[str], t
             for i, (n, text) in enumerate(zip(feature_lens.tolist(), texts))]
     lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens
+
+
+def _kaldi_mel(hz: Any) -> Any:
+    import torch
+
+    return 1127.0 * torch.log1p(hz / 700.0)
+
+
+def _kaldi_mel_inverse(mel: Any) -> Any:
+    import torch
+
+    return 700.0 * torch.expm1(mel / 1127.0)
+
+
+def warp_frequency(features: Any, alpha: float, *, low_hz: float = 20.0, high_hz: float = 7600.0) -> Any:
+    """Vocal-tract length perturbation (VTLP; Jaitly & Hinton, ICML 2013 workshop) in the log-mel domain: (T, F) ->
+    (T, F), the frames of a speaker whose vocal tract is ``1 / alpha`` times as long, every formant moved from f to
+    ``alpha``·f.
+
+    Each output bin, at centre frequency f, takes the (linearly interpolated) value the input has at the source
+    frequency f / ``alpha``; above a knee at 0.85·``high_hz``·min(1, ``alpha``) the source frequency runs linearly to
+    ``high_hz``, so the band edge maps to itself (the piecewise-linear warp of Kaldi's VTLN). ``low_hz`` /
+    ``high_hz``: the mel filterbank's band (lhotse's ``FbankConfig`` at 16 kHz: 20 and 8000 - 400 Hz); bins are
+    taken as equally spaced in Kaldi's mel scale between them. ``alpha`` 1 returns ``features`` unchanged.
+    """
+    import torch
+
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    if alpha == 1.0:
+        return features
+    num_bins = features.shape[-1]
+    lo, hi = (_kaldi_mel(torch.tensor(f, dtype=torch.float64)) for f in (low_hz, high_hz))
+    step = (hi - lo) / (num_bins + 1)
+    centre = _kaldi_mel_inverse(lo + step * torch.arange(1, num_bins + 1, dtype=torch.float64))
+    knee = 0.85 * high_hz * min(1.0, alpha)
+    source = torch.where(centre <= knee, centre / alpha,
+                         knee / alpha + (centre - knee) * (high_hz - knee / alpha) / (high_hz - knee))
+    pos = ((_kaldi_mel(source) - lo) / step - 1.0).clamp(0.0, num_bins - 1.0)  # fractional input bin
+    left = pos.floor().long().clamp(max=num_bins - 2)
+    frac = (pos - left).to(torch.float32)
+    x = features.float()
+    out = x[..., left] * (1.0 - frac) + x[..., left + 1] * frac
+    return out.to(features.dtype)
+
+
+def change_batch_warp(features: Any, feature_lens: Any, warp_range: tuple[float, float]) -> Any:
+    """A padded batch, each row through :func:`warp_frequency` with its own factor drawn uniformly from
+    ``warp_range`` (Python's ``random``: seed it per batch); padded frames stay zero. features: (B, T, F)."""
+    import random
+
+    out = features.clone()
+    for i, n in enumerate(feature_lens.tolist()):
+        out[i, :n] = warp_frequency(features[i, :n], random.uniform(*warp_range))
+    return out
 
 
 def pause_frames(seconds: float, level_db: float, extractor: Any, rng: np.random.Generator) -> Any:

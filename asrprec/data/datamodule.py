@@ -32,7 +32,8 @@ import torch
 
 from asrprec._optional import require
 from asrprec.config import option, strict_from_dict
-from asrprec.data.augment import UtteranceJoiner, change_batch_tempo, count_words, noise_mix_transform
+from asrprec.data.augment import (UtteranceJoiner, change_batch_tempo, change_batch_warp, count_words,
+                                  noise_mix_transform)
 from asrprec.data.buckets import Batching
 from asrprec.data.validate import filter_by_duration
 from asrprec.precision.batch_plan import CALIBRATION_SAFETY
@@ -97,6 +98,9 @@ class DataConfig:
     spec_augment_config: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     tempo_range: tuple[float, float] | None = option(
         None, metavar="LOW,HIGH", help="training: each utterance sped up by a factor drawn from [LOW, HIGH] (fbank)")
+    warp_range: tuple[float, float] | None = option(
+        None, metavar="LOW,HIGH", help="training: each utterance's formants moved by a factor drawn from [LOW, HIGH] "
+                                       "(vocal-tract length perturbation of the mel axis)")
     concat_prob: float = option(0.0, help="training: share of utterances joined, 2 to concat_max_utterances at a time "
                                           "with pauses of faint noise between them, into one example (a model for "
                                           "long recordings, whose chunks hold several utterances)")
@@ -133,10 +137,12 @@ class DataConfig:
                 raise ValueError(f"{name} must be >= 1 (or None for lhotse's default), got {getattr(self, name)}")
         if self.max_duration <= 0:
             raise ValueError(f"max_duration must be > 0 seconds, got {self.max_duration}")
-        if self.tempo_range is not None:
-            self.tempo_range = tuple(self.tempo_range)
-            if len(self.tempo_range) != 2 or not 0 < self.tempo_range[0] <= self.tempo_range[1]:
-                raise ValueError(f"tempo_range must be (low, high) with 0 < low <= high, got {self.tempo_range}")
+        for name in ("tempo_range", "warp_range"):
+            if getattr(self, name) is not None:
+                value = tuple(getattr(self, name))
+                if len(value) != 2 or not 0 < value[0] <= value[1]:
+                    raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {value}")
+                setattr(self, name, value)
         if not 0 <= self.concat_prob <= 1:
             raise ValueError(f"concat_prob must be in [0, 1], got {self.concat_prob}")
         if self.concat_max_utterances < 2:
@@ -183,6 +189,7 @@ class AsrDataset(torch.utils.data.Dataset):
                  seed: int = 0, drop_empty_transcripts: bool = True,
                  cut_transforms: Sequence[Callable[[Any], Any]] = (),
                  tempo_range: tuple[float, float] | None = None,
+                 warp_range: tuple[float, float] | None = None,
                  count_tokens: Callable[[str], int] | None = None,
                  joiner: UtteranceJoiner | None = None) -> None:
         super().__init__()
@@ -190,6 +197,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.spec_augment = spec_augment
         self.joiner = joiner  # several utterances into one example, before the tempo
         self.tempo_range = tempo_range  # asrprec.data.augment.change_tempo, before SpecAugment
+        self.warp_range = warp_range  # asrprec.data.augment.warp_frequency, after the tempo
         self.count_tokens = count_tokens or count_words  # a transcript's tokens, for the tempo's floor
         # CutSet -> CutSet transforms applied before features are read (lhotse CutMix: noise mixing)
         self.cut_transforms = list(cut_transforms)
@@ -290,6 +298,9 @@ class AsrDataset(torch.utils.data.Dataset):
             with seeded_rng(seed_from(self.seed, self.epoch, "tempo", *sorted(cut_ids))):
                 features, feature_lens = change_batch_tempo(features, feature_lens, texts, self.tempo_range,
                                                             self.count_tokens)
+        if self.warp_range is not None and cut_ids:
+            with seeded_rng(seed_from(self.seed, self.epoch, "warp", *sorted(cut_ids))):
+                features = change_batch_warp(features, feature_lens, self.warp_range)
         if self.spec_augment is not None and cut_ids:
             # row by row on the valid frames only: lhotse's batch call masks (and takes the mask value's
             # mean over) the padded matrix, padding included
@@ -440,6 +451,8 @@ def describe_augmentation(config: DataConfig, cuts: Any | None = None) -> str:
         parts.append("SpecAugment off")
     if config.tempo_range is not None:
         parts.append(f"tempo x{config.tempo_range[0]:g}-{config.tempo_range[1]:g} (fbank frames resampled)")
+    if config.warp_range is not None:
+        parts.append(f"vocal-tract warp x{config.warp_range[0]:g}-{config.warp_range[1]:g} (mel axis resampled)")
     if config.concat_prob > 0:
         parts.append(f"{config.concat_prob:g} of the utterances joined, 2-{config.concat_max_utterances} at a time, "
                      f"with {config.concat_pause_s[0]:g}-{config.concat_pause_s[1]:g} s pauses of noise at "
@@ -545,6 +558,7 @@ class AsrDataModule:
             if c.noise_mix else (),
             seed=c.seed,
             tempo_range=c.tempo_range,
+            warp_range=c.warp_range,
             count_tokens=count_tokens,
             joiner=UtteranceJoiner(c.concat_prob, c.concat_max_utterances, c.concat_pause_s, c.concat_pause_db,
                                    c.num_mel_bins) if c.concat_prob > 0 else None,

@@ -1,4 +1,5 @@
-"""Noise at an SNR and synthetic reverberation, checked against their definitions."""
+"""Noise at an SNR, synthetic reverberation and the fbank-domain augmentations, checked against their definitions
+and against lhotse's fbank of the signal they imitate."""
 
 import numpy as np
 import pytest
@@ -79,6 +80,36 @@ def test_tempo_factor_is_uniform_and_keeps_frames_for_every_token():
     capped = [tempo_factor(rng, 1.0, 1.8, 45, 5) for _ in range(200)]  # cap 45 / (6 x 5) = 1.5
     assert max(capped) == pytest.approx(45 / (MIN_FRAMES_PER_TOKEN * 5)) and min(capped) >= 1.0
     assert tempo_factor(rng, 1.5, 1.6, 40, 10) == 1.0  # already too short (40 < 6 x 10): left as it is
+
+
+@pytest.mark.parametrize("alpha", [0.88, 0.93, 1.07, 1.12])
+def test_warp_frequency_matches_the_fbank_of_tones_moved_by_alpha(alpha):
+    import torch
+
+    from asrprec.data.augment import warp_frequency
+    from asrprec.data.features import fbank_extractor
+
+    # lhotse's fbank of tones at alpha x f is the independent reference for the warped fbank of the tones at f
+    extractor, t = fbank_extractor(), np.arange(16000) / 16000
+
+    def fbank(freqs):
+        x = 0.1 * sum(np.sin(2 * np.pi * f * t) for f in freqs)
+        return torch.from_numpy(extractor.extract(x.astype(np.float32), 16000)).mean(dim=0)
+
+    for freqs in ([300.0], [700.0], [1500.0], [3000.0], [5000.0], [500.0, 1500.0, 2500.0]):
+        warped = warp_frequency(fbank(freqs)[None, :], alpha)[0]
+        reference = fbank([alpha * f for f in freqs])
+        unwarped = fbank(freqs)
+        assert abs(int(warped.argmax()) - int(reference.argmax())) <= 1, freqs  # a tone between two bins
+        corr = float(torch.corrcoef(torch.stack([warped, reference]))[0, 1])
+        assert corr > 0.97 and corr > float(torch.corrcoef(torch.stack([unwarped, reference]))[0, 1]), freqs
+    x = torch.randn(7, 80)
+    assert warp_frequency(x, 1.0) is x
+    # on a ramp of bin indices: a monotone map of the band onto itself (the piecewise-linear warp keeps its top)
+    ramp = warp_frequency(torch.arange(80.0)[None, :], alpha)[0]
+    assert torch.all(ramp[1:] >= ramp[:-1]) and ramp[-1] > 78.0 and (ramp[40] - 40) * (1 - alpha) > 0
+    with pytest.raises(ValueError, match="alpha"):
+        warp_frequency(x, 0.0)
 
 
 def test_pause_frames_follow_the_noise_level_in_log_power():

@@ -120,6 +120,39 @@ def test_tempo_perturbation_shortens_training_utterances_only(tiny_fbank):
 
 
 @needs_espeak
+def test_vocal_tract_warp_changes_training_spectra_only(tiny_fbank):
+    from asrprec.data.augment import warp_frequency
+
+    _, cuts = tiny_fbank
+    train = cuts["train"]
+    plain = {c.id: torch.from_numpy(c.load_features()) for c in train}
+
+    def batches(warp_range, epoch=0):
+        dm = AsrDataModule(DataConfig(max_duration=100.0, num_buckets=1, spec_augment=False, min_cut_s=0.0,
+                                      shuffle=False, warp_range=warp_range))
+        dl = dm.train_dataloader(train)
+        dl.dataset.set_epoch(epoch)
+        return {cid: (b["features"][row], int(b["feature_lens"][row])) for b in dl
+                for row, cid in enumerate(b["cut_ids"])}
+
+    warped = batches((0.9, 1.1))
+    assert warped.keys() == plain.keys()
+    grid = torch.linspace(0.9, 1.1, 101).tolist()
+    for i, (cid, (x, n)) in enumerate(sorted(warped.items())):
+        assert n == plain[cid].shape[0] and torch.all(x[n:] == 0)  # frames and padding untouched
+        assert not torch.allclose(x[:n], plain[cid]), cid
+        if i < 6:  # some factor in [0.9, 1.1] gives these frames: on a grid (the warp is smooth in alpha)
+            best = min(float((warp_frequency(plain[cid], a) - x[:n]).abs().mean()) for a in grid)
+            assert best < 0.03 and best < 0.1 * float((x[:n] - plain[cid]).abs().mean()), cid
+    again, other_epoch = batches((0.9, 1.1)), batches((0.9, 1.1), epoch=1)
+    assert all(torch.equal(again[c][0], warped[c][0]) for c in warped)  # seeded by the batch and the epoch
+    assert not all(torch.equal(other_epoch[c][0], warped[c][0]) for c in warped)
+    assert all(torch.equal(x[:n], plain[c]) for c, (x, n) in batches((1.0, 1.0)).items())
+    with pytest.raises(ValueError, match="warp_range"):
+        DataConfig(warp_range=(1.1, 0.9))
+
+
+@needs_espeak
 def test_duration_filter_logs_drops(tiny_fbank, caplog):
     _, cuts = tiny_fbank
     durations = sorted(c.duration for c in cuts["train"])
