@@ -112,7 +112,11 @@ def tempo_factor(rng: Any, low: float, high: float, num_frames: int, num_tokens:
     """A factor drawn uniformly from [``low``, ``high``] (``rng``: Python's ``random`` module or a
     ``random.Random``), lowered if needed (never below 1) so that at least :data:`MIN_FRAMES_PER_TOKEN` frames per
     token of the transcript remain: a CTC head needs a frame per token and one between repeats."""
-    factor = rng.uniform(low, high)
+    return cap_tempo(rng.uniform(low, high), num_frames, num_tokens)
+
+
+def cap_tempo(factor: float, num_frames: int, num_tokens: int) -> float:
+    """``factor`` lowered if needed (never below 1) to leave :data:`MIN_FRAMES_PER_TOKEN` frames per token."""
     if factor > 1.0:
         factor = min(factor, max(1.0, num_frames / (MIN_FRAMES_PER_TOKEN * max(1, num_tokens))))
     return factor
@@ -124,9 +128,12 @@ def count_words(text: str) -> int:
 
 
 def change_batch_tempo(features: Any, feature_lens: Any, texts: Sequence[str], tempo_range: tuple[float, float],
-                       count_tokens: Callable[[str], int] = count_words) -> tuple[Any, Any]:
+                       count_tokens: Callable[[str], int] = count_words, *, per_batch: bool = False
+                       ) -> tuple[Any, Any]:
     """A padded batch, each row's valid frames through :func:`change_tempo` with its own :func:`tempo_factor`
-    (drawn from Python's ``random``: seed it per batch), re-padded with zeros.
+    (drawn from Python's ``random``: seed it per batch), re-padded with zeros. ``per_batch``: one factor drawn for
+    the whole batch (each row's still capped by :func:`cap_tempo`), so rows of similar lengths stay similar and the
+    batch gains no padding.
 
     features: (B, T, F); feature_lens: (B,) int; texts: each row's transcript. Returns (B, T', F) and (B,) lengths.
     """
@@ -134,7 +141,9 @@ def change_batch_tempo(features: Any, feature_lens: Any, texts: Sequence[str], t
 
     import torch
 
-    rows = [change_tempo(features[i, :n], tempo_factor(random, *tempo_range, n, count_tokens(text)))
+    shared = random.uniform(*tempo_range) if per_batch else None
+    rows = [change_tempo(features[i, :n], tempo_factor(random, *tempo_range, n, count_tokens(text)) if shared is None
+                         else cap_tempo(shared, n, count_tokens(text)))
             for i, (n, text) in enumerate(zip(feature_lens.tolist(), texts))]
     lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens

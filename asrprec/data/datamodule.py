@@ -98,6 +98,8 @@ class DataConfig:
     spec_augment_config: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     tempo_range: tuple[float, float] | None = option(
         None, metavar="LOW,HIGH", help="training: each utterance sped up by a factor drawn from [LOW, HIGH] (fbank)")
+    tempo_per_batch: bool = option(False, help="training: one tempo factor per batch, not per utterance (the "
+                                               "bucketed batch gains no padding)")
     warp_range: tuple[float, float] | None = option(
         None, metavar="LOW,HIGH", help="training: each utterance's formants moved by a factor drawn from [LOW, HIGH] "
                                        "(vocal-tract length perturbation of the mel axis)")
@@ -189,6 +191,7 @@ class AsrDataset(torch.utils.data.Dataset):
                  seed: int = 0, drop_empty_transcripts: bool = True,
                  cut_transforms: Sequence[Callable[[Any], Any]] = (),
                  tempo_range: tuple[float, float] | None = None,
+                 tempo_per_batch: bool = False,
                  warp_range: tuple[float, float] | None = None,
                  count_tokens: Callable[[str], int] | None = None,
                  joiner: UtteranceJoiner | None = None) -> None:
@@ -197,6 +200,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.spec_augment = spec_augment
         self.joiner = joiner  # several utterances into one example, before the tempo
         self.tempo_range = tempo_range  # asrprec.data.augment.change_tempo, before SpecAugment
+        self.tempo_per_batch = tempo_per_batch  # one factor for the whole batch
         self.warp_range = warp_range  # asrprec.data.augment.warp_frequency, after the tempo
         self.count_tokens = count_tokens or count_words  # a transcript's tokens, for the tempo's floor
         # CutSet -> CutSet transforms applied before features are read (lhotse CutMix: noise mixing)
@@ -297,7 +301,7 @@ class AsrDataset(torch.utils.data.Dataset):
         if self.tempo_range is not None and cut_ids:
             with seeded_rng(seed_from(self.seed, self.epoch, "tempo", *sorted(cut_ids))):
                 features, feature_lens = change_batch_tempo(features, feature_lens, texts, self.tempo_range,
-                                                            self.count_tokens)
+                                                            self.count_tokens, per_batch=self.tempo_per_batch)
         if self.warp_range is not None and cut_ids:
             with seeded_rng(seed_from(self.seed, self.epoch, "warp", *sorted(cut_ids))):
                 features = change_batch_warp(features, feature_lens, self.warp_range)
@@ -450,7 +454,8 @@ def describe_augmentation(config: DataConfig, cuts: Any | None = None) -> str:
     else:
         parts.append("SpecAugment off")
     if config.tempo_range is not None:
-        parts.append(f"tempo x{config.tempo_range[0]:g}-{config.tempo_range[1]:g} (fbank frames resampled)")
+        parts.append(f"tempo x{config.tempo_range[0]:g}-{config.tempo_range[1]:g} (fbank frames resampled, one "
+                     f"factor per {'batch' if config.tempo_per_batch else 'utterance'})")
     if config.warp_range is not None:
         parts.append(f"vocal-tract warp x{config.warp_range[0]:g}-{config.warp_range[1]:g} (mel axis resampled)")
     if config.concat_prob > 0:
@@ -558,6 +563,7 @@ class AsrDataModule:
             if c.noise_mix else (),
             seed=c.seed,
             tempo_range=c.tempo_range,
+            tempo_per_batch=c.tempo_per_batch,
             warp_range=c.warp_range,
             count_tokens=count_tokens,
             joiner=UtteranceJoiner(c.concat_prob, c.concat_max_utterances, c.concat_pause_s, c.concat_pause_db,

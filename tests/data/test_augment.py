@@ -112,6 +112,29 @@ def test_warp_frequency_matches_the_fbank_of_tones_moved_by_alpha(alpha):
         warp_frequency(x, 0.0)
 
 
+def test_batch_tempo_per_batch_draws_one_factor_and_caps_dense_rows():
+    import random
+
+    import torch
+
+    from asrprec.data.augment import MIN_FRAMES_PER_TOKEN, change_batch_tempo
+
+    lens = torch.tensor([300, 240, 200, 120])
+    x = torch.randn(4, 300, 5)
+    texts = ["a b", "a b c", "a", " ".join(["w"] * 15)]  # the last: 120 frames / (6 x 15) = 1.33 at most
+    for seed in range(20):
+        random.seed(seed)
+        out, out_lens = change_batch_tempo(x, lens, texts, (1.4, 1.8), per_batch=True)
+        factors = [n / m for n, m in zip(lens.tolist()[:3], out_lens.tolist()[:3])]
+        assert max(factors) - min(factors) < 0.02 and 1.39 < factors[0] < 1.81  # one factor, up to rounding
+        assert out_lens[3] == round(120 / (120 / (MIN_FRAMES_PER_TOKEN * 15)))  # capped at 1.33: 90 frames
+        assert out.shape[1] == int(out_lens.max()) and torch.all(out[3, int(out_lens[3]):] == 0)
+    random.seed(0)
+    _, own = change_batch_tempo(x, lens, texts[:3] + ["a"], (1.4, 1.8))  # per row: the factors differ
+    assert max(n / m for n, m in zip(lens.tolist(), own.tolist())) - min(n / m for n, m in zip(lens.tolist(),
+                                                                                              own.tolist())) > 0.02
+
+
 def test_pause_frames_follow_the_noise_level_in_log_power():
     import math
 

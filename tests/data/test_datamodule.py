@@ -120,6 +120,27 @@ def test_tempo_perturbation_shortens_training_utterances_only(tiny_fbank):
 
 
 @needs_espeak
+def test_tempo_per_batch_adds_no_padding(tiny_fbank):
+    _, cuts = tiny_fbank
+    train = cuts["train"]
+    frames = {c.id: c.num_frames for c in train}
+
+    def padding(per_batch):
+        dm = AsrDataModule(DataConfig(max_duration=8.0, num_buckets=1, spec_augment=False, min_cut_s=0.0,
+                                      tempo_range=(1.0, 1.6), tempo_per_batch=per_batch))
+        total = valid = 0
+        for b in dm.train_dataloader(train, count_tokens=lambda text: 1):
+            n = b["feature_lens"].tolist()
+            total, valid = total + len(n) * max(n), valid + sum(n)
+            if per_batch:  # one factor: every row shortened by the same ratio, so the longest-first order stays
+                ratios = [frames[c] / m for c, m in zip(b["cut_ids"], n)]
+                assert max(ratios) - min(ratios) < 0.05 and n == sorted(n, reverse=True)
+        return 1 - valid / total
+
+    assert padding(True) < padding(False)
+
+
+@needs_espeak
 def test_vocal_tract_warp_changes_training_spectra_only(tiny_fbank):
     from asrprec.data.augment import warp_frequency
 
