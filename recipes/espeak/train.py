@@ -47,9 +47,8 @@ DEFAULTS = {
     # Small batches: on this corpus the number of updates matters more than batch size (15 s against 30 s: valid
     # loss/frame 0.57 against 0.71 after two epochs of the hybrid below). Each training utterance is sped up or slowed
     # down by a factor in [0.9, 1.6] (its fbank frames resampled): test-fast greedy WER 18 % against 45 % without,
-    # dev 6.8 against 8.2 % (benchmarks/RESULTS.md "Embedded recipe"). One factor per batch: a factor per utterance
-    # left 20.9 % of the frames as padding, one per batch 6.1 % (16 % fewer frames), at no cost in WER (RESULTS).
-    "data": {"max_duration": 15.0, "tempo_range": (0.9, 1.6), "tempo_per_batch": True},
+    # dev 6.8 against 8.2 % (benchmarks/RESULTS.md "Embedded recipe").
+    "data": {"max_duration": 15.0, "tempo_range": (0.9, 1.6)},
     # The Zipformer by default, as in icefall: on this recipe it matches or beats the Conformer `tiny` in the same
     # wall time, with much less spread between runs (benchmarks/RESULTS.md).
     # Transducer + CR-CTC (icefall's best LibriSpeech Zipformer), the transducer a TDT: test greedy 4.72 % against
