@@ -14,7 +14,7 @@ the corpus generator's spawn workers start without importing torch or lhotse.
 * the stages after the manifests (speed perturbation, fbank, tokenizer) — :mod:`asrprec.data.preparation`
 * resumable downloads checked against published MD5s — :mod:`asrprec.data.download`
 * stage records (a rerun redoes only what changed) — :mod:`asrprec.data.stages`
-* :class:`CheckOptions`, :func:`check_splits` — :mod:`asrprec.data.validate`
+* :class:`CheckOptions`, :func:`check_splits`, :func:`check_feature_bins` — :mod:`asrprec.data.validate`
 * :func:`resample_poly` — :mod:`asrprec.data.resample`
 """
 
@@ -35,6 +35,7 @@ _EXPORTS = {
     "validate_cuts": "validate",
     "check_cuts": "validate",
     "check_splits": "validate",
+    "check_feature_bins": "validate",
     "CheckOptions": "validate",
     "DataReport": "validate",
     "DataCheckError": "validate",

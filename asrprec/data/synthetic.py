@@ -7,10 +7,12 @@ speakers differ by accent, variant, vocal-tract length, pitch, range and rate.
 
 * Speakers: each split draws its own espeak voices ``<accent>+<variant>`` (8 English accents × 31 variants,
   disjoint between splits) and gives each one a vocal-tract scale, base pitch, pitch range and speaking rate,
-  all drawn from the seed. The vocal-tract scale α (``vtl_range``) plays espeak's 22,050 Hz output as if it
-  had been recorded at 22,050·α Hz, which moves every formant and the pitch by α (the warp behind VTLP and
-  speed perturbation); espeak is asked for the rate divided by α, so the heard rate is the planned one. So a
-  new seed brings speakers no earlier seed had, even on a voice it shares.
+  all drawn from the seed (``train_speakers_per_voice`` > 1: that many training speakers per training voice,
+  the utterance's speaker drawn among them; the held-out splits keep one per voice). The vocal-tract scale α
+  (``vtl_range``) plays espeak's 22,050 Hz output as if it had been recorded at 22,050·α Hz, which moves every
+  formant and the pitch by α (the warp behind VTLP and speed perturbation); espeak is asked for the rate
+  divided by α, so the heard rate is the planned one. So a new seed brings speakers no earlier seed had, even
+  on a voice it shares.
 * Rates (words per minute as heard): train, dev and test speakers draw a base rate from ``rate_wpm``; the
   ``test-fast`` split's speakers (voices of their own) draw theirs from ``fast_rate_wpm``, so that every one
   of its utterances is faster than any other split's (checked by :class:`CorpusConfig`). Each utterance then
@@ -110,6 +112,7 @@ class CorpusConfig:
     fast_rate_wpm: tuple[int, int] = (310, 350)  # the test-fast speakers' base rate range
     rate_jitter: float = 0.1  # each utterance's rate: its speaker's times U(1 - jitter, 1 + jitter)
     vtl_range: tuple[float, float] = (0.88, 1.12)  # speaker vocal-tract scale α (module doc)
+    train_speakers_per_voice: int = 1  # training speakers drawn per training voice (module doc)
     snr_db: tuple[float, float] | None = None  # additive noise SNR range, None = clean
     noise_prob: float = 1.0  # with snr_db set: share of utterances that get noise
     reverb_prob: float = 0.0
@@ -118,6 +121,8 @@ class CorpusConfig:
     version: int = CORPUS_VERSION
 
     def __post_init__(self) -> None:
+        if int(self.train_speakers_per_voice) < 1:
+            raise ValueError(f"train_speakers_per_voice must be >= 1, got {self.train_speakers_per_voice}")
         for name in ("num_train", "num_dev", "num_test", "num_test_fast", "num_test_names", "train_name_count"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -155,8 +160,11 @@ class CorpusConfig:
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        if not d["train_name_count"]:  # the corpus.json of folders made before the field existed still matches
+        # the corpus.json of folders made before these fields existed still matches
+        if not d["train_name_count"]:
             del d["train_name_count"]
+        if d["train_speakers_per_voice"] == 1:
+            del d["train_speakers_per_voice"]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
@@ -224,6 +232,13 @@ def _speaker_id(voice: str) -> str:
     return voice.replace("+", "_")
 
 
+def _draw_speaker(rng: np.random.Generator, vtl_steps: list[int], rate_range: tuple[int, int]) -> tuple[int, ...]:
+    """One speaker's source rate of the vocal-tract warp, base pitch, pitch range and base rate."""
+    source_hz = ESPEAK_SAMPLE_RATE + VTL_STEP_HZ * int(rng.integers(vtl_steps[0], vtl_steps[1] + 1))
+    return (source_hz, int(rng.integers(25, 76)), int(rng.integers(25, 81)),
+            int(rng.integers(rate_range[0], rate_range[1] + 1)))
+
+
 def plan_corpus(cfg: CorpusConfig) -> list[dict[str, Any]]:
     """The specification of every utterance (text, voice, prosody, augmentation, seeds), in corpus order."""
     speakers = speaker_split(cfg.seed, cfg.num_dev_speakers, cfg.num_test_speakers, cfg.num_test_fast_speakers)
@@ -236,14 +251,20 @@ def plan_corpus(cfg: CorpusConfig) -> list[dict[str, Any]]:
         # each speaker's own settings: source rate of the vocal-tract warp, pitch, pitch range, base rate
         speaker = {}
         for v in voices:
-            source_hz = ESPEAK_SAMPLE_RATE + VTL_STEP_HZ * int(rng.integers(vtl_steps[0], vtl_steps[1] + 1))
-            speaker[v] = (source_hz, int(rng.integers(25, 76)), int(rng.integers(25, 81)),
-                          int(rng.integers(rate_range[0], rate_range[1] + 1)))
+            speaker[v] = [_draw_speaker(rng, vtl_steps, rate_range)]
+        # further training speakers come from a stream of their own: the first speaker of each voice, and every
+        # other draw of the corpus, stay what they are with one speaker per voice
+        extra_rng = np.random.default_rng([cfg.seed, 3])
+        if split == "train" and cfg.train_speakers_per_voice > 1:
+            for v in voices:
+                speaker[v] += [_draw_speaker(extra_rng, vtl_steps, rate_range)
+                               for _ in range(cfg.train_speakers_per_voice - 1)]
         num = {"train": cfg.num_train, "dev": cfg.num_dev, "test": cfg.num_test, "test-fast": cfg.num_test_fast,
                "test-names": cfg.num_test_names}[split]
         for i in range(num):
             voice = voices[int(rng.integers(len(voices)))]
-            source_hz, pitch, prange, rate = speaker[voice]
+            drawn = speaker[voice]
+            source_hz, pitch, prange, rate = drawn[int(extra_rng.integers(len(drawn)))] if len(drawn) > 1 else drawn[0]
             rate = int(round(rate * rng.uniform(1.0 - cfg.rate_jitter, 1.0 + cfg.rate_jitter)))
             speaker_id = f"{_speaker_id(voice)}_{source_hz}"
             spec = {

@@ -87,7 +87,8 @@ def build_transducer(
 
 
 def resolved_encoder_overrides(model: nn.Module) -> dict[str, Any]:
-    """Every field of the encoder's config (preset + overrides, without ``num_features``) as JSON values.
+    """Every field of the encoder's config (preset + overrides) as JSON values; ``num_features`` only where it is
+    not 80 (so that the record of an 80-bin model reads as it always did).
 
     Pass it back as ``build_transducer(encoder_overrides=...)`` with the same encoder and size to rebuild exactly
     this architecture, even after the preset itself has changed (recipes store it in ``model.json``).
@@ -97,7 +98,8 @@ def resolved_encoder_overrides(model: nn.Module) -> dict[str, Any]:
     if config is None or not dataclasses.is_dataclass(config):
         raise TypeError(f"{type(encoder).__name__} has no dataclass .config to resolve")
     fields = dataclasses.asdict(config)
-    fields.pop("num_features", None)
+    if fields.get("num_features") == 80:
+        fields.pop("num_features")
     return json.loads(json.dumps(fields))  # tuples -> lists, as they read back from model.json
 
 

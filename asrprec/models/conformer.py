@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asrprec.config import check_config_keys
-from asrprec.models.masks import make_pad_mask
+from asrprec.models.masks import check_feature_norm, make_pad_mask
 from asrprec.models.scaling import ActivationBalancer, BasicNorm, DoubleSwish, ScaledConv1d, ScaledLinear
 from asrprec.models.subsampling import MIN_INPUT_FRAMES, Conv2dSubsampling
 from asrprec.models.tracing import check_lengths_in_graph, is_exporting, is_tracing
@@ -286,8 +286,12 @@ class ConformerConfig:
     layer_dropout: float = 0.075
     #: Conv2dSubsampling channel widths (icefall: 8, 32, 128)
     frontend_channels: Tuple[int, int, int] = (8, 32, 128)
+    #: "utterance": each utterance's log-mel bins minus their mean over it, before the front-end
+    #: (:func:`asrprec.models.masks.utterance_mean_norm`); "none": the features as given
+    feature_norm: str = "none"
 
     def __post_init__(self) -> None:
+        check_feature_norm(self.feature_norm)
         if len(self.frontend_channels) != 3 or min(self.frontend_channels) < 1:
             raise ValueError(f"ConformerConfig.frontend_channels must be three positive widths, got "
                              f"{self.frontend_channels}")
@@ -349,7 +353,8 @@ class ConformerEncoder(nn.Module):
         super().__init__()
         self.config = config
         self.output_dim = config.encoder_dim
-        self.encoder_embed = Conv2dSubsampling(config.num_features, config.encoder_dim, *config.frontend_channels)
+        self.encoder_embed = Conv2dSubsampling(config.num_features, config.encoder_dim, *config.frontend_channels,
+                                               feature_norm=config.feature_norm)
         self.encoder_pos = RelPositionalEncoding(config.encoder_dim, config.dropout)
         self.layers = nn.ModuleList(
             ConformerLayer(config.encoder_dim, config.num_heads, config.feedforward_dim, config.cnn_module_kernel,

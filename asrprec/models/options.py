@@ -15,6 +15,7 @@ from asrprec.config import json_dict, option
 
 from .builders import ENCODERS, build_transducer, resolved_encoder_overrides
 from .ctc import CtcConfig
+from .masks import FEATURE_NORMS
 from .transducer import JOINT_MODES, LOSSES, TDT_AUX, LossConfig
 
 __all__ = ["ModelOptions", "build_model"]
@@ -58,6 +59,9 @@ class ModelOptions:
     left_context_frames: tuple[int, ...] | None = option(
         None, parse=_int_list, metavar="N,N,...",
         help="causal: left contexts in 50 Hz frames, one drawn per batch (default 64,128,256,-1)")
+    feature_norm: str = option("none", choices=FEATURE_NORMS,
+                               help="utterance: the encoder subtracts each utterance's mean per mel bin first "
+                                    "(not with --causal); none: the features as given (icefall)")
     context_size: int = option(2, help="the stateless decoder's context: how many previous tokens it sees")
     loss: str = option("pruned", choices=LOSSES, help="full RNN-T, k2-style pruned RNN-T, or TDT")
     tdt_durations: tuple[int, ...] = option((0, 1, 2, 3, 4), parse=_duration_list, metavar="N,N,...",
@@ -110,12 +114,22 @@ class ModelOptions:
                          cr_loss_scale=self.cr_loss_scale, **extra)
 
     def all_encoder_overrides(self) -> dict[str, Any]:
-        """``encoder_overrides`` merged with ``causal``, ``chunk_size`` and ``left_context_frames``.
+        """``encoder_overrides`` merged with ``causal``, ``chunk_size``, ``left_context_frames`` and
+        ``feature_norm`` (written only when it is not ``"none"``).
 
         Raises:
-            ValueError: causal options for the Conformer, or chunking without ``causal``.
+            ValueError: causal options for the Conformer, chunking without ``causal``, ``feature_norm`` other than
+                ``"none"`` with ``causal``, or an override naming another ``feature_norm``.
         """
         overrides = dict(self.encoder_overrides)
+        if self.feature_norm != "none":
+            if overrides.get("feature_norm", self.feature_norm) != self.feature_norm:
+                raise ValueError(f"--model.encoder_overrides sets feature_norm {overrides['feature_norm']!r} but "
+                                 f"--model.feature_norm is {self.feature_norm!r}: give it once")
+            if self.causal or overrides.get("causal", False):
+                raise ValueError(f"--model.feature_norm {self.feature_norm} needs the whole utterance, which a causal "
+                                 "(streaming) model does not see: add --model.feature_norm none")
+            overrides["feature_norm"] = self.feature_norm
         chunking = {k: v for k, v in (("chunk_size", self.chunk_size),
                                       ("left_context_frames", self.left_context_frames)) if v is not None}
         causal = self.causal or bool(overrides.get("causal", False))
@@ -144,19 +158,30 @@ class ModelOptions:
 
 
 def build_model(options: ModelOptions, vocab_size: int, blank_id: int = 0, *, time_warp_factor: int | None = None,
-                **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+                num_features: int | None = None, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
     """The transducer ``options`` describe and its ``model.json`` record: the encoder's resolved fields (preset +
     overrides), so that decoding rebuilds this architecture even if the preset changes later.
 
     Args:
         options: the model options. vocab_size, blank_id: the tokenizer's.
         time_warp_factor: CR-CTC's time warping (the recipe's SpecAugment setting).
+        num_features: the features' width (the recipe's ``--data.num_mel_bins``); None: the encoder's default (80).
         kwargs: to :func:`build_transducer` (e.g. ``model_warmup_batches``).
+
+    Raises:
+        ValueError: ``encoder_overrides`` name a ``num_features`` other than ``num_features``.
     """
     o = options
+    overrides = o.all_encoder_overrides()
+    if num_features is not None:
+        named = overrides.get("num_features", num_features)
+        if int(named) != int(num_features):
+            raise ValueError(f"--model.encoder_overrides sets num_features {named} but the features have "
+                             f"{num_features} bins (--data.num_mel_bins); drop num_features from the overrides")
+        overrides["num_features"] = int(num_features)
     model = build_transducer(
         encoder=o.encoder, size=o.size, vocab_size=vocab_size, blank_id=blank_id, context_size=o.context_size,
-        encoder_overrides=o.all_encoder_overrides(), use_transducer=o.use_transducer,
+        encoder_overrides=overrides, use_transducer=o.use_transducer,
         ctc=o.ctc_config(time_warp_factor),
         loss=LossConfig(loss=o.loss, joint_mode=o.joint_mode, backend=o.loss_backend, prune_range=o.prune_range,
                         loss_warmup_batches=o.loss_warmup_batches, **o.tdt_fields()),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from asrprec.models.masks import check_feature_norm, utterance_mean_norm
 from asrprec.models.scaling import ActivationBalancer, BasicNorm, DoubleSwish, ScaledConv2d, ScaledLinear
 
 __all__ = ["Conv2dSubsampling", "conv2d_subsampling_output_lens", "MIN_INPUT_FRAMES"]
@@ -51,13 +52,15 @@ class Conv2dSubsampling(nn.Module):
         num_features: input feature dim F (e.g. 80 fbank bins); must be >= 7.
         out_dim: model dim D.
         layer1_channels, layer2_channels, layer3_channels: conv channel counts (icefall: 8, 32, 128).
+        feature_norm: ``"utterance"`` subtracts each utterance's mean per bin first; ``"none"`` (icefall).
 
     Legend: B batch, T input frames, F features, T' = ((T-1)//2 - 1)//2 output frames, D model dim.
     """
 
     def __init__(self, num_features: int, out_dim: int, layer1_channels: int = 8, layer2_channels: int = 32,
-                 layer3_channels: int = 128) -> None:
+                 layer3_channels: int = 128, feature_norm: str = "none") -> None:
         super().__init__()
+        self.feature_norm = check_feature_norm(feature_norm)  # "utterance": masks.utterance_mean_norm first
         if num_features < MIN_INPUT_FRAMES:
             raise ValueError(f"Conv2dSubsampling needs num_features >= 7 (two stride-2 3x3 convs), got {num_features}")
         self.num_features = num_features
@@ -99,6 +102,9 @@ class Conv2dSubsampling(nn.Module):
         if T < MIN_INPUT_FRAMES:
             raise ValueError(f"Conv2dSubsampling needs at least {MIN_INPUT_FRAMES} input frames, got T={T}")
         out_lens = None
+        if self.feature_norm == "utterance":
+            lens = torch.full(features.shape[:1], T) if feature_lens is None else feature_lens
+            features = utterance_mean_norm(features, lens.to(features.device))
         if feature_lens is not None:
             frames = torch.arange(T, device=features.device)
             pad = frames[None, :] >= feature_lens.to(features.device)[:, None]  # (B, T) True at padding

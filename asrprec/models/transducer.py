@@ -18,7 +18,7 @@ from asrprec.precision.islands import fp32_island, upcast
 from .ctc import CtcConfig, cr_consistency_loss, ctc_loss, spec_augment_views, time_warp
 from .decoder import Decoder
 from .joiner import Joiner
-from .masks import make_pad_mask
+from .masks import make_pad_mask, utterance_mean_norm
 from .schedule import warmup_fraction
 from .tracing import compiled_regions
 
@@ -164,6 +164,11 @@ class Transducer(nn.Module):
         return self.decoder.context_size
 
     @property
+    def feature_norm(self) -> str:
+        """The encoder front-end's feature normalisation (``"none"`` or ``"utterance"``)."""
+        return getattr(getattr(self.encoder, "encoder_embed", None), "feature_norm", "none")
+
+    @property
     def use_cr_ctc(self) -> bool:
         return self.ctc_config is not None and self.ctc_config.use_cr_ctc
 
@@ -259,7 +264,9 @@ class Transducer(nn.Module):
 
         CR-CTC (training only): the batch is time-warped (``time_warp_factor``), duplicated and each copy masked by
         :func:`~asrprec.models.ctc.spec_augment_views` (the features must arrive unaugmented); every loss is then
-        halved, as in icefall's zipformer/model.py, so that all values are per utterance of the batch given.
+        halved, as in icefall's zipformer/model.py, so that all values are per utterance of the batch given. An encoder
+        with ``feature_norm="utterance"`` gets the batch normalised before the views are made, so that their masks
+        hold the normalised features' mean (zero), not the raw one.
         """
         if targets.dim() != 2 or targets.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"targets must be a padded (B, U) integer tensor, got {targets.dtype} {tuple(targets.shape)}")
@@ -268,6 +275,8 @@ class Transducer(nn.Module):
         batch_size = features.size(0)
         cr = self.training and self.use_cr_ctc
         if cr:
+            if self.feature_norm == "utterance":  # before the views' masks, which fill with the utterance's mean
+                features = utterance_mean_norm(features, feature_lens)
             if self.ctc_config.time_warp_factor:
                 features = time_warp(features, feature_lens, self.ctc_config.time_warp_factor)
             features, feature_lens = spec_augment_views(features, feature_lens,

@@ -79,7 +79,7 @@ def train_experiment(cfg: TrainingConfig, *, tokenizer_path: str | Path | Callab
         data_record: what the checkpoint records about the data (with each split's check report added).
         model_kwargs: to :func:`asrprec.models.build_transducer` (e.g. ``model_warmup_batches``).
     """
-    from asrprec.data import AsrDataModule, check_splits
+    from asrprec.data import AsrDataModule, check_feature_bins, check_splits
     from asrprec.models import build_model, count_parameters
     from asrprec.tokenizer import Tokenizer
 
@@ -93,12 +93,14 @@ def train_experiment(cfg: TrainingConfig, *, tokenizer_path: str | Path | Callab
                                                      tokenizer.vocab_size, time_warp_factor=time_warp, **model_kwargs)
     else:
         model, model_config = build_model(cfg.model, tokenizer.vocab_size, tokenizer.blank_id,
-                                          time_warp_factor=time_warp, **model_kwargs)
+                                          time_warp_factor=time_warp, num_features=cfg.data.num_mel_bins,
+                                          **model_kwargs)
     resume_from = prepare_experiment(tcfg, rank=get_rank(), model_config=model_config)
     save_config(cfg, resuming=resume_from is not None)
     model_config = adopt_tokenizer(tcfg.exp_dir, tokenizer.model_path, model_config, resuming=resume_from is not None,
                                    rank=get_rank())  # the folder keeps a copy; a resume must use the same one
     cuts, checks = check_splits(load_splits(), cfg.checks, tokenizer, model.min_input_frames)
+    check_feature_bins(cuts, cfg.data.num_mel_bins, on_the_fly_feats=cfg.data.on_the_fly_feats)
     decisions = dict(data_decisions or {})
     spec_augment = cfg.model.data_spec_augment(decisions.pop("spec_augment", cfg.data.spec_augment))
     data = AsrDataModule(dataclasses.replace(cfg.data, spec_augment=spec_augment, **decisions))

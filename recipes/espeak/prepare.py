@@ -32,6 +32,8 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-test-names", type=int, default=200, help="test sentences, half of them with names never trained on")
     p.add_argument("--train-name-count", type=int, default=0,
                    help="training sentences that begin with each of the test-names split's names (0: never heard)")
+    p.add_argument("--train-speakers-per-voice", type=int, default=1,
+                   help="training speakers drawn per training voice (held-out splits keep one per voice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-workers", type=int, default=2, help="synthesis and feature-extraction processes")
     # Noise and reverberation keep the task from being trivial: a tiny CTC BiGRU on one thread reached 1.1 % dev
@@ -55,7 +57,7 @@ def main() -> None:
     cuts = generate_corpus(
         args.data_dir, num_train=args.num_train, num_dev=args.num_dev, num_test=args.num_test,
         num_test_fast=args.num_test_fast, num_test_names=args.num_test_names, seed=args.seed,
-        train_name_count=args.train_name_count,
+        train_name_count=args.train_name_count, train_speakers_per_voice=args.train_speakers_per_voice,
         num_workers=args.num_workers, snr_db=None if args.clean else args.snr_db,
         reverb_prob=0.0 if args.clean else args.reverb_prob, force=args.force,
     )

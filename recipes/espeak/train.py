@@ -59,8 +59,11 @@ DEFAULTS = {
     # were chosen on dev over icefall's 0.1 and 0.02 (transducer greedy 8.2 against 10.7 %) and 1.0 and 0.2 (8.5 %).
     # The pruned loss's smoothed "simple" term rides beside the TDT loss (tdt_aux) and gives the encoder a direct
     # content signal; a slow loss-scale ramp (icefall's warm_step) keeps it dominant for the whole short run.
+    # Each utterance's log-mel bins minus their mean over it (cepstral mean normalisation, in the encoder's front-end,
+    # so that decoding and ONNX export do it too): held-out voices and rooms differ by such constant offsets.
     "model": {"encoder": "zipformer", "size": "tiny", "loss": "tdt", "loss_warmup_batches": 4000,
-              "use_ctc": True, "ctc_loss_scale": 0.5, "use_cr_ctc": True, "cr_loss_scale": 0.1},
+              "use_ctc": True, "ctc_loss_scale": 0.5, "use_cr_ctc": True, "cr_loss_scale": 0.1,
+              "feature_norm": "utterance"},
     # A few thousand batches in total: a short LR schedule, and the running average of the weights (decode.py
     # --use-averaged-model) sampled every 10 batches rather than icefall's 200. The Zipformer's own schedules (layer
     # skipping, balancer and whitening probabilities) are written for tens of thousands of batches: run them 30x

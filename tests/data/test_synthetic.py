@@ -142,6 +142,38 @@ def test_train_name_count_puts_each_name_in_that_many_training_sentences_only():
         plan_corpus(dataclasses.replace(base, train_name_count=200))
 
 
+def test_train_speakers_per_voice_changes_only_the_training_speakers():
+    """Three speakers per training voice: the held-out splits are the same specification for specification; the
+    training utterances keep their texts and every draw but the speaker's own four settings; each training voice
+    now has up to three speakers (settings within the configured ranges), held-out voices still one."""
+    base = CorpusConfig(num_train=1500, num_dev=50, num_test=50, num_test_fast=50)
+    one, three = plan_corpus(base), plan_corpus(dataclasses.replace(base, train_speakers_per_voice=3))
+    assert [s for s in one if s["split"] != "train"] == [s for s in three if s["split"] != "train"]
+    own = {"id", "speaker", "source_hz", "rate", "espeak_rate", "pitch", "range"}
+    train1, train3 = [s for s in one if s["split"] == "train"], [s for s in three if s["split"] == "train"]
+    assert [{k: v for k, v in a.items() if k not in own} for a in train1] == \
+        [{k: v for k, v in b.items() if k not in own} for b in train3]
+
+    def speakers_per_voice(plan):
+        per_voice = {}
+        for s in plan:
+            per_voice.setdefault((s["split"], s["voice"]), set()).add((s["source_hz"], s["range"]))
+        return per_voice
+
+    per1, per3 = speakers_per_voice(one), speakers_per_voice(three)
+    assert all(len(v) == 1 for v in per1.values())
+    trained = [len(v) for (split, _), v in per3.items() if split == "train"]
+    assert max(trained) == 3 and sum(trained) > 2.5 * len(trained)
+    assert all(len(v) == 1 for (split, _), v in per3.items() if split != "train")
+    lo, hi = (round(synthetic.ESPEAK_SAMPLE_RATE * a) for a in base.vtl_range)
+    assert all(lo - synthetic.VTL_STEP_HZ <= s["source_hz"] <= hi + synthetic.VTL_STEP_HZ for s in train3)
+    assert all(base.rate_wpm[0] * (1 - base.rate_jitter) - 1 <= s["rate"] <= base.rate_wpm[1] * (1 + base.rate_jitter) + 1
+               for s in train3)
+    assert "train_speakers_per_voice" not in base.to_json()  # corpus.json of folders made without it still matches
+    with pytest.raises(ValueError, match="train_speakers_per_voice must be >= 1"):
+        CorpusConfig(train_speakers_per_voice=0)
+
+
 @needs_espeak
 def test_vocal_tract_warp_scales_frequencies_and_time():
     # Playing espeak's samples as if recorded at source_hz = 22050·α moves every frequency up by α and shortens the

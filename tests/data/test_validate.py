@@ -63,3 +63,17 @@ def test_check_cuts_keeps_a_lazy_manifest_lazy(tiny_corpus, tmp_path):
     assert kept.is_lazy
     assert [c.id for c in kept] == [c.id for c in good if c.id != victim.id]
     assert report.total == len(good) and report.problems == {"empty transcript": [victim.id]}
+
+
+@needs_espeak
+def test_feature_width_other_than_the_models_is_named_with_the_fix(tiny_fbank):
+    """Stored 80-bin features against ``--data.num_mel_bins``: 80 passes; 40 names the split, the width and the
+    flag; computing fbank on the fly has nothing stored to disagree."""
+    from asrprec.data import check_feature_bins
+
+    _, cuts = tiny_fbank
+    assert {c.num_features for c in cuts["train"]} == {80}
+    check_feature_bins(cuts, 80)
+    with pytest.raises(ValueError, match=r"train split's features have 80 bins .* --data.num_mel_bins 80"):
+        check_feature_bins(cuts, 40)
+    check_feature_bins(cuts, 40, on_the_fly_feats=True)

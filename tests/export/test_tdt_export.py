@@ -119,3 +119,37 @@ def _between_middle(values):
     v = values.flatten().sort().values
     k = max(1, len(v) // 2)
     return (v[k - 1] + v[min(k, len(v) - 1)]) / 2
+
+
+def test_exported_encoder_keeps_the_per_utterance_mean_normalisation(tokenizer, tmp_path):
+    """``feature_norm="utterance"`` (the embedded recipe's) is part of the exported encoder graph: onnxruntime gives
+    PyTorch's encoder output for a padded batch (sherpa-onnx's padding value past each end), and a constant offset
+    per utterance and bin changes neither."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import onnxruntime as ort
+
+    from asrprec.export import export_offline
+    from asrprec.models import build_transducer
+
+    torch.manual_seed(0)
+    model = build_transducer(encoder="zipformer", size="tiny", vocab_size=VOCAB,
+                             encoder_overrides={"feature_norm": "utterance"},
+                             loss={"loss": "tdt", "tdt_durations": list(DURATIONS)}).eval()
+    ex = export_offline(model, tokenizer, tmp_path)
+    sess = ort.InferenceSession(str(ex.encoder), providers=["CPUExecutionProvider"])
+    g = torch.Generator().manual_seed(5)
+    lens = torch.tensor([120, 77])
+    x = torch.randn(2, 120, 80, generator=g) * 3 - 8
+    pad = torch.arange(120)[None, :] >= lens[:, None]
+    x[pad] = -23.0259
+    with torch.no_grad():
+        want, want_lens = model.encode(x, lens)
+        want = model.joiner.encoder_proj(want)
+    shifted = torch.where(pad[..., None], x, x + 2.0 * torch.randn(2, 1, 80, generator=g))
+    for inp in (x, shifted):
+        got, got_lens = sess.run(None, {"x": inp.numpy(), "x_lens": lens.numpy()})
+        assert got_lens.tolist() == want_lens.tolist()
+        for i, n in enumerate(want_lens.tolist()):
+            err = float(abs(torch.from_numpy(got[i, :n]) - want[i, :n]).max())
+            assert err <= 1e-4 * max(1.0, float(want.abs().max())), err

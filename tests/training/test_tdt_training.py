@@ -121,3 +121,24 @@ def test_two_ranks_step_like_one_process_on_the_union(tmp_path):
         torch.testing.assert_close(r0[k], want[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
     start = W.params(worker_module.make_tdt_model())
     assert not torch.equal(want["joiner.output_linear.weight"], start["joiner.output_linear.weight"])
+
+
+def test_feature_width_reaches_the_model_and_model_json_rebuilds_it():
+    """``--data.num_mel_bins 40`` (``build_model(num_features=40)``): the encoder takes 40-bin features and refuses
+    80, model.json records the width (an 80-bin record stays without it) and rebuilds the same architecture; an
+    override naming another width is refused with the fix."""
+    torch.manual_seed(0)
+    model, model_config = build_model(_args(), _Tok().vocab_size, 0, num_features=40)
+    stored = json.loads(json.dumps(model_config))
+    assert stored["encoder_overrides"]["num_features"] == 40
+    rebuilt = build_transducer(**stored)
+    rebuilt.load_state_dict(model.state_dict())  # strict: the front-end's shapes agree
+    rebuilt.eval()
+    out, lens = rebuilt.encoder(torch.randn(2, 60, 40), torch.tensor([60, 50]))
+    assert out.shape[0] == 2 and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match=r"\(B, T, 40\)"):
+        rebuilt.encoder(torch.randn(2, 60, 80), torch.tensor([60, 50]))
+    _, plain = build_model(_args(), _Tok().vocab_size, 0, num_features=80)
+    assert "num_features" not in plain["encoder_overrides"]
+    with pytest.raises(ValueError, match="drop num_features from the overrides"):
+        build_model(_args("--model.encoder_overrides", '{"num_features": 80}'), _Tok().vocab_size, 0, num_features=40)

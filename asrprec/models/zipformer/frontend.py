@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..masks import check_feature_norm, utterance_mean_norm
 from ..schedule import FloatLike, ScheduledFloat, is_zero, schedule_value
 from ..tracing import is_tracing
 from .activations import SwooshR, act_dropout_linear
@@ -107,11 +108,13 @@ class ZipformerConv2dSubsampling(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, layer1_channels: int = 8, layer2_channels: int = 32,
                  layer3_channels: int = 128, dropout: FloatLike = 0.1, convnext_hidden_ratio: int = 3,
-                 zero_padding: bool = True):
+                 zero_padding: bool = True, feature_norm: str = "none"):
         super().__init__()
         if in_channels < 7:
             raise ValueError(f"ZipformerConv2dSubsampling needs at least 7 feature bins, got {in_channels}")
         self.in_channels = in_channels
+        # "utterance": each utterance's features minus their mean (masks.utterance_mean_norm) before the convs
+        self.feature_norm = check_feature_norm(feature_norm)
         # zero the frames past each utterance before the ConvNeXt (False: icefall's Conv2dSubsampling.forward, whose
         # 7x7 conv mixes the frames computed from the padding into each utterance's last 3 frames)
         self.zero_padding = zero_padding
@@ -145,6 +148,8 @@ class ZipformerConv2dSubsampling(nn.Module):
         # channels-last outputs, which the ConvNeXt wants (see there) and which makes the flatten below free.
         # (B, 1, T, F) is both layouts at once; marking it channels-last makes oneDNN run the 1 -> C1 conv and its
         # weight gradient channels-last (1.5x faster on CPU than NCHW plus a conversion; same math)
+        if self.feature_norm == "utterance":
+            x = utterance_mean_norm(x, x_lens)
         x = x.unsqueeze(1).contiguous(memory_format=torch.channels_last)
         for layer in self.conv:  # ends (B, C, (T-7)//2, F') with channels-last strides
             # the convs as asrprec's op (conv.py: inductor's own lowering fixes T under dynamic shapes)
@@ -190,6 +195,8 @@ class ZipformerConv2dSubsampling(nn.Module):
         x_lens: (B,) valid frames of x (fewer at the end of an utterance; may be <= 0 once it has ended);
         cached_left_pad: from :meth:`init_cache` or the previous step.
         Returns ((B, C, D) for the chunk's C output frames (50 Hz), (B,) valid output frames, the new cache)."""
+        if self.feature_norm != "none":
+            raise ValueError(f"feature_norm {self.feature_norm!r} needs the whole utterance: it cannot stream")
         x = self.conv[0](x.unsqueeze(1).contiguous(memory_format=torch.channels_last))
         for layer in self.conv[1:]:
             x = layer(x)

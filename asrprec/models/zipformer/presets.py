@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from asrprec.config import check_config_keys
 
+from ..masks import check_feature_norm
 from .encoder import Zipformer2, ZipformerEncoder, zipformer_dropout
 from .frontend import ZipformerConv2dSubsampling
 
@@ -53,8 +54,12 @@ class ZipformerConfig:
     # padded frames enter both, as in icefall's zipformer.py and subsampling.py, which an imported icefall model
     # needs to reproduce icefall's outputs for a padded batch. Streaming is padding-invariant either way.
     padding_invariant: bool = True
+    # "utterance": each utterance's log-mel bins minus their mean over it, first thing in the front-end
+    # (masks.utterance_mean_norm; not for causal models); "none": the features as given (icefall)
+    feature_norm: str = "none"
 
     def __post_init__(self) -> None:
+        check_feature_norm(self.feature_norm, causal=self.causal)
         n = len(self.downsampling_factor)
         if n == 0:
             raise ValueError("downsampling_factor must name at least one stack")
@@ -155,7 +160,7 @@ def build_from_config(cfg: ZipformerConfig) -> ZipformerEncoder:
     embed = ZipformerConv2dSubsampling(cfg.num_features, cfg.encoder_dim[0], layer1_channels=c1,
                                        layer2_channels=c2, layer3_channels=c3, dropout=zipformer_dropout(cfg.dropout),
                                        convnext_hidden_ratio=cfg.convnext_hidden_ratio,
-                                       zero_padding=cfg.padding_invariant)
+                                       zero_padding=cfg.padding_invariant, feature_norm=cfg.feature_norm)
     enc = Zipformer2(
         downsampling_factor=cfg.downsampling_factor, encoder_dim=cfg.encoder_dim,
         num_encoder_layers=cfg.num_encoder_layers, encoder_unmasked_dim=cfg.encoder_unmasked_dim,
