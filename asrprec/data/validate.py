@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from asrprec.config import option
+from asrprec.config import ConfigError, option
 from asrprec.errors import AsrprecError
 
 from .frames import cut_num_frames
@@ -248,17 +248,18 @@ def check_splits(cuts: dict[str, Any], options: CheckOptions, tokenizer: Any, mi
 
 
 def check_feature_bins(cuts: dict[str, Any], num_mel_bins: int, *, on_the_fly_feats: bool = False) -> None:
-    """Raise a ValueError when a split's stored features are not ``num_mel_bins`` wide (the model is built for
-    ``num_mel_bins``); its first cut stands for the split. Nothing to check when fbank is computed on the fly."""
+    """Raise a ConfigError (a ValueError) when a split's stored features are not ``num_mel_bins`` wide (the model
+    is built for ``num_mel_bins``); its first cut stands for the split. Nothing to check when fbank is computed on
+    the fly."""
     if on_the_fly_feats:
         return
     for split, split_cuts in cuts.items():
         first = next(iter(split_cuts), None)
         if first is None or not first.has_features or first.num_features == num_mel_bins:
             continue
-        raise ValueError(f"the {split} split's features have {first.num_features} bins (cut {first.id!r}) but "
-                         f"--data.num_mel_bins is {num_mel_bins}; fix: --data.num_mel_bins {first.num_features}, "
-                         f"or extract {num_mel_bins}-bin features (or --data.on_the_fly_feats true)")
+        raise ConfigError(f"the {split} split's features have {first.num_features} bins (cut {first.id!r}) but "
+                          f"--data.num_mel_bins is {num_mel_bins}; fix: --data.num_mel_bins {first.num_features}, "
+                          f"or extract {num_mel_bins}-bin features (or --data.on_the_fly_feats true)")
 
 
 def validate_cuts(cuts: Any, *, check_audio: bool = True, check_features: bool = False) -> int:

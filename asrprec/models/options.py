@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from asrprec.config import json_dict, option
+from asrprec.config import ConfigError, json_dict, option
 
 from .builders import ENCODERS, build_transducer, resolved_encoder_overrides
 from .ctc import CtcConfig
@@ -124,20 +124,20 @@ class ModelOptions:
         overrides = dict(self.encoder_overrides)
         if self.feature_norm != "none":
             if overrides.get("feature_norm", self.feature_norm) != self.feature_norm:
-                raise ValueError(f"--model.encoder_overrides sets feature_norm {overrides['feature_norm']!r} but "
-                                 f"--model.feature_norm is {self.feature_norm!r}: give it once")
+                raise ConfigError(f"--model.encoder_overrides sets feature_norm {overrides['feature_norm']!r} but "
+                                  f"--model.feature_norm is {self.feature_norm!r}: give it once")
             if self.causal or overrides.get("causal", False):
-                raise ValueError(f"--model.feature_norm {self.feature_norm} needs the whole utterance, which a causal "
-                                 "(streaming) model does not see: add --model.feature_norm none")
+                raise ConfigError(f"--model.feature_norm {self.feature_norm} needs the whole utterance, which a causal "
+                                  "(streaming) model does not see: add --model.feature_norm none")
             overrides["feature_norm"] = self.feature_norm
         chunking = {k: v for k, v in (("chunk_size", self.chunk_size),
                                       ("left_context_frames", self.left_context_frames)) if v is not None}
         causal = self.causal or bool(overrides.get("causal", False))
         if (self.causal or chunking) and self.encoder != "zipformer":
-            raise ValueError(f"--causal, --chunk-size and --left-context-frames need --encoder zipformer "
-                             f"(the {self.encoder} encoder has no causal mode)")
+            raise ConfigError(f"--causal, --chunk-size and --left-context-frames need --encoder zipformer "
+                              f"(the {self.encoder} encoder has no causal mode)")
         if chunking and not causal:
-            raise ValueError("--chunk-size and --left-context-frames train a causal model: add --causal")
+            raise ConfigError("--chunk-size and --left-context-frames train a causal model: add --causal")
         if self.causal:
             overrides["causal"] = True
         overrides.update({k: list(v) for k, v in chunking.items()})
@@ -176,8 +176,8 @@ def build_model(options: ModelOptions, vocab_size: int, blank_id: int = 0, *, ti
     if num_features is not None:
         named = overrides.get("num_features", num_features)
         if int(named) != int(num_features):
-            raise ValueError(f"--model.encoder_overrides sets num_features {named} but the features have "
-                             f"{num_features} bins (--data.num_mel_bins); drop num_features from the overrides")
+            raise ConfigError(f"--model.encoder_overrides sets num_features {named} but the features have "
+                              f"{num_features} bins (--data.num_mel_bins); drop num_features from the overrides")
         overrides["num_features"] = int(num_features)
     model = build_transducer(
         encoder=o.encoder, size=o.size, vocab_size=vocab_size, blank_id=blank_id, context_size=o.context_size,

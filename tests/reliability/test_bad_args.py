@@ -272,3 +272,13 @@ def test_decode_weights_selection_errors_are_one_line(trained, data_root):
             assert out.code == 2 and "\n" not in out.error and expected in out.error, (script, args, out.text)
             assert "avg <= 0" not in out.error and "Traceback" not in out.text
     assert sorted(p.name for p in trained.iterdir()) == before  # no result or ONNX file written
+
+
+def test_a_causal_model_with_the_recipes_normalisation_and_a_feature_width_mismatch_are_one_line(data_root, tmp_path):
+    """The espeak recipe normalises each utterance's features, which a causal model cannot; features stored at 80
+    bins cannot feed a model built for 40. Each ends in one line naming the fix, before any training."""
+    for args, expected in ((("--causal",), "add --model.feature_norm none"),
+                           (("--data.num_mel_bins", 40), "but --data.num_mel_bins is 40; fix: --data.num_mel_bins 80")):
+        out = recipe("train.py", "--data-dir", data_root, "--exp-dir", tmp_path / "exp", "--overwrite", *args)
+        assert out.code == 2 and "\n" not in out.error and expected in out.error, (args, out.text)
+        assert "Traceback" not in out.text and not list((tmp_path / "exp").glob("epoch-*.pt"))
