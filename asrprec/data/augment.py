@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from asrprec.data.frames import FRAME_SHIFT_S
+
 
 def _power(x: np.ndarray) -> float:
     return float(np.mean(np.square(x, dtype=np.float64)))
@@ -122,18 +124,28 @@ def cap_tempo(factor: float, num_frames: int, num_tokens: int) -> float:
     return factor
 
 
+def rate_tempo_factor(rng: Any, low_wpm: float, high_wpm: float, num_frames: int, num_words: int) -> float:
+    """The factor that brings an utterance of ``num_words`` words in ``num_frames`` fbank frames (10 ms) to a rate
+    drawn uniformly from [``low_wpm``, ``high_wpm``] words per minute (pauses included, as the utterance's own rate
+    is measured): > 1 speeds it up, < 1 slows it down. ``rng`` as in :func:`tempo_factor`; the caller caps it."""
+    own_wpm = 60.0 * max(1, num_words) / (max(1, num_frames) * FRAME_SHIFT_S)
+    return rng.uniform(low_wpm, high_wpm) / own_wpm
+
+
 def count_words(text: str) -> int:
     """A transcript's words: :func:`change_batch_tempo`'s token count when no tokenizer is given."""
     return len(text.split())
 
 
-def change_batch_tempo(features: Any, feature_lens: Any, texts: Sequence[str], tempo_range: tuple[float, float],
-                       count_tokens: Callable[[str], int] = count_words, *, per_batch: bool = False
-                       ) -> tuple[Any, Any]:
+def change_batch_tempo(features: Any, feature_lens: Any, texts: Sequence[str],
+                       tempo_range: tuple[float, float] | None, count_tokens: Callable[[str], int] = count_words, *,
+                       per_batch: bool = False, fast: tuple[float, float, float] | None = None) -> tuple[Any, Any]:
     """A padded batch, each row's valid frames through :func:`change_tempo` with its own :func:`tempo_factor`
     (drawn from Python's ``random``: seed it per batch), re-padded with zeros. ``per_batch``: one factor drawn for
     the whole batch (each row's still capped by :func:`cap_tempo`), so rows of similar lengths stay similar and the
-    batch gains no padding.
+    batch gains no padding. ``fast`` = (share, low_wpm, high_wpm): each row, with probability ``share``, is brought
+    to a rate drawn from [low_wpm, high_wpm] words per minute instead (:func:`rate_tempo_factor`, capped); the other
+    rows keep ``tempo_range`` (unchanged if it is None). Not with ``per_batch``.
 
     features: (B, T, F); feature_lens: (B,) int; texts: each row's transcript. Returns (B, T', F) and (B,) lengths.
     """
@@ -141,9 +153,24 @@ def change_batch_tempo(features: Any, feature_lens: Any, texts: Sequence[str], t
 
     import torch
 
+    if fast is not None and per_batch:
+        raise ValueError("a target rate (fast) is drawn per utterance: it cannot be combined with per_batch")
+    if fast is None and tempo_range is None:
+        raise ValueError("change_batch_tempo needs tempo_range or fast")
     shared = random.uniform(*tempo_range) if per_batch else None
-    rows = [change_tempo(features[i, :n], tempo_factor(random, *tempo_range, n, count_tokens(text)) if shared is None
-                         else cap_tempo(shared, n, count_tokens(text)))
+
+    def factor(n: int, text: str) -> float:
+        if fast is not None:  # one draw decides: a target rate, or the usual factor
+            if random.random() < fast[0]:
+                return cap_tempo(rate_tempo_factor(random, fast[1], fast[2], n, count_words(text)), n,
+                                 count_tokens(text))
+            if tempo_range is None:
+                return 1.0
+        if shared is None:
+            return tempo_factor(random, *tempo_range, n, count_tokens(text))
+        return cap_tempo(shared, n, count_tokens(text))
+
+    rows = [change_tempo(features[i, :n], factor(n, text))
             for i, (n, text) in enumerate(zip(feature_lens.tolist(), texts))]
     lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens

@@ -35,7 +35,7 @@ from asrprec.config import option, strict_from_dict
 from asrprec.data.augment import (UtteranceJoiner, change_batch_tempo, change_batch_warp, count_words,
                                   noise_mix_transform)
 from asrprec.data.buckets import Batching
-from asrprec.data.validate import filter_by_duration
+from asrprec.data.durations import _filter_durations, _is_lazy
 from asrprec.precision.batch_plan import CALIBRATION_SAFETY
 from asrprec.rng import seed_from, seeded_rng
 
@@ -100,6 +100,9 @@ class DataConfig:
         None, metavar="LOW,HIGH", help="training: each utterance sped up by a factor drawn from [LOW, HIGH] (fbank)")
     tempo_per_batch: bool = option(False, help="training: one tempo factor per batch, not per utterance (the "
                                                "bucketed batch gains no padding)")
+    tempo_fast: tuple[float, float, float] | None = option(
+        None, metavar="SHARE,LOW,HIGH", help="training: this share of the utterances brought to a rate drawn from "
+        "[LOW, HIGH] words per minute (their words over their duration) instead of tempo_range's factor")
     warp_range: tuple[float, float] | None = option(
         None, metavar="LOW,HIGH", help="training: each utterance's formants moved by a factor drawn from [LOW, HIGH] "
                                        "(vocal-tract length perturbation of the mel axis)")
@@ -145,6 +148,11 @@ class DataConfig:
                 if len(value) != 2 or not 0 < value[0] <= value[1]:
                     raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {value}")
                 setattr(self, name, value)
+        if self.tempo_fast is not None:
+            share, low, high = self.tempo_fast = tuple(self.tempo_fast)
+            if not (0 <= share <= 1 and 0 < low <= high) or self.tempo_per_batch:
+                raise ValueError(f"tempo_fast must be (share, low_wpm, high_wpm) with share in [0, 1] and 0 < low <= "
+                                 f"high, without tempo_per_batch; got {self.tempo_fast}")
         if not 0 <= self.concat_prob <= 1:
             raise ValueError(f"concat_prob must be in [0, 1], got {self.concat_prob}")
         if self.concat_max_utterances < 2:
@@ -192,6 +200,7 @@ class AsrDataset(torch.utils.data.Dataset):
                  cut_transforms: Sequence[Callable[[Any], Any]] = (),
                  tempo_range: tuple[float, float] | None = None,
                  tempo_per_batch: bool = False,
+                 tempo_fast: tuple[float, float, float] | None = None,
                  warp_range: tuple[float, float] | None = None,
                  count_tokens: Callable[[str], int] | None = None,
                  joiner: UtteranceJoiner | None = None) -> None:
@@ -201,6 +210,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.joiner = joiner  # several utterances into one example, before the tempo
         self.tempo_range = tempo_range  # asrprec.data.augment.change_tempo, before SpecAugment
         self.tempo_per_batch = tempo_per_batch  # one factor for the whole batch
+        self.tempo_fast = tempo_fast  # (share, low, high): that share brought to a rate in [low, high] wpm
         self.warp_range = warp_range  # asrprec.data.augment.warp_frequency, after the tempo
         self.count_tokens = count_tokens or count_words  # a transcript's tokens, for the tempo's floor
         # CutSet -> CutSet transforms applied before features are read (lhotse CutMix: noise mixing)
@@ -298,10 +308,11 @@ class AsrDataset(torch.utils.data.Dataset):
         if self.joiner is not None and cut_ids:
             with seeded_rng(seed_from(self.seed, self.epoch, "join", *sorted(cut_ids))):
                 features, feature_lens, texts, cut_ids = self.joiner(features, feature_lens, texts, cut_ids)
-        if self.tempo_range is not None and cut_ids:
+        if (self.tempo_range is not None or self.tempo_fast is not None) and cut_ids:
             with seeded_rng(seed_from(self.seed, self.epoch, "tempo", *sorted(cut_ids))):
                 features, feature_lens = change_batch_tempo(features, feature_lens, texts, self.tempo_range,
-                                                            self.count_tokens, per_batch=self.tempo_per_batch)
+                                                            self.count_tokens, per_batch=self.tempo_per_batch,
+                                                            fast=self.tempo_fast)
         if self.warp_range is not None and cut_ids:
             with seeded_rng(seed_from(self.seed, self.epoch, "warp", *sorted(cut_ids))):
                 features = change_batch_warp(features, feature_lens, self.warp_range)
@@ -342,88 +353,6 @@ def _buckets_used(cuts: Any, num_buckets: int) -> int:
     return max(1, num_buckets if _is_lazy(cuts) else min(num_buckets, len(cuts) // 2))
 
 
-def _is_lazy(cuts: Any) -> bool:
-    return bool(getattr(cuts, "is_lazy", False))
-
-
-class _DurationFilter:
-    """Keep cuts with ``min_s <= duration <= max_s``, logging what it drops (named for the first few, then
-    counted). For lazily read CutSets, which cannot be counted up front without reading them whole; a lazy set
-    is filtered again on every pass over it, so each cut is reported once."""
-
-    def __init__(self, min_s: float, max_s: float, named: int = 10) -> None:
-        if min_s > max_s:
-            raise ValueError(f"min duration {min_s} s is above max duration {max_s} s")
-        self.min_s, self.max_s, self.named = min_s, max_s, named
-        self.dropped: set[str] = set()
-        self.in_pass = 0  # drops since start_pass(): one epoch's total
-        self.kept, self.kept_seconds = 0, 0.0  # the cuts (and seconds) kept since start_pass()
-
-    @property
-    def reason(self) -> str:
-        return f"outside {self.min_s:.2f}-{self.max_s:.2f} s"
-
-    def start_pass(self) -> None:
-        self.in_pass, self.kept, self.kept_seconds = 0, 0, 0.0
-
-    def dropped_in_pass(self) -> dict[str, int]:
-        return {self.reason: self.in_pass} if self.in_pass else {}
-
-    def kept_in_pass(self) -> tuple[int, float]:
-        """The cuts kept since :meth:`start_pass`, and their seconds: the sampler's input."""
-        return self.kept, self.kept_seconds
-
-    def __call__(self, cut: Any) -> bool:
-        if self.min_s <= cut.duration <= self.max_s:
-            self.kept += 1
-            self.kept_seconds += cut.duration
-            return True
-        self.in_pass += 1
-        if cut.id not in self.dropped:
-            self.dropped.add(cut.id)
-            n = len(self.dropped)
-            if n <= self.named:
-                more = " (further drops are counted every 1000)" if n == self.named else ""
-                log.warning("dropped cut %s from training: %.3f s is outside %.2f-%.2f s%s", cut.id, cut.duration,
-                            self.min_s, self.max_s, more)
-            elif n % 1000 == 0:
-                log.warning("dropped %d cuts outside %.2f-%.2f s so far", n, self.min_s, self.max_s)
-        return False
-
-
-class _FilteredOnce:
-    """The duration drops of an eager CutSet, filtered once: the same every epoch (so are the cuts kept)."""
-
-    def __init__(self, reason: str, count: int, kept: int, kept_seconds: float) -> None:
-        self.reason, self.count, self.kept, self.kept_seconds = reason, count, kept, kept_seconds
-
-    def start_pass(self) -> None:
-        pass
-
-    def dropped_in_pass(self) -> dict[str, int]:
-        return {self.reason: self.count} if self.count else {}
-
-    def kept_in_pass(self) -> tuple[int, float]:
-        return self.kept, self.kept_seconds
-
-
-def filter_durations(cuts: Any, min_s: float, max_s: float) -> Any:
-    """Training cuts within [``min_s``, ``max_s``] seconds: an eager CutSet is filtered at once (with a count,
-    :func:`asrprec.data.validate.filter_by_duration`), a lazy one lazily (drops logged as they are met)."""
-    return _filter_durations(cuts, min_s, max_s)[0]
-
-
-def _filter_durations(cuts: Any, min_s: float, max_s: float) -> tuple[Any, Any]:
-    """:func:`filter_durations` and what counts its drops and the cuts it kept per epoch (``start_pass`` /
-    ``dropped_in_pass`` / ``kept_in_pass``)."""
-    if _is_lazy(cuts):
-        f = _DurationFilter(min_s, max_s)
-        return cuts.filter(f), f
-    kept = filter_by_duration(cuts, min_s, max_s)
-    return kept, _FilteredOnce(_DurationFilter(min_s, max_s).reason, len(cuts) - len(kept), len(kept),
-                               sum(c.duration for c in kept))
-
-
 def _speed_perturbed_ids(cuts: Any, look: int = 1000) -> list[str]:
     """Speed factors found in the first ``look`` cut ids (lhotse's ``perturb_speed`` appends ``_sp<factor>``; a
     shuffled training manifest mixes them in from its start)."""
@@ -456,6 +385,9 @@ def describe_augmentation(config: DataConfig, cuts: Any | None = None) -> str:
     if config.tempo_range is not None:
         parts.append(f"tempo x{config.tempo_range[0]:g}-{config.tempo_range[1]:g} (fbank frames resampled, one "
                      f"factor per {'batch' if config.tempo_per_batch else 'utterance'})")
+    if config.tempo_fast is not None:
+        share, low, high = config.tempo_fast
+        parts.append(f"{share:g} of the utterances brought to {low:g}-{high:g} words per minute instead")
     if config.warp_range is not None:
         parts.append(f"vocal-tract warp x{config.warp_range[0]:g}-{config.warp_range[1]:g} (mel axis resampled)")
     if config.concat_prob > 0:
@@ -564,6 +496,7 @@ class AsrDataModule:
             seed=c.seed,
             tempo_range=c.tempo_range,
             tempo_per_batch=c.tempo_per_batch,
+            tempo_fast=c.tempo_fast,
             warp_range=c.warp_range,
             count_tokens=count_tokens,
             joiner=UtteranceJoiner(c.concat_prob, c.concat_max_utterances, c.concat_pause_s, c.concat_pause_db,

@@ -217,7 +217,7 @@ def run_buckets(data_cfg: Any, cuts: Any, tokenizer: Any) -> list[Bucket]:
     """The duration buckets training will use: ``data_cfg``'s duration limits and bucket count over ``cuts`` (the
     first ``bucketing_buffer_size`` of a lazy set), tokens counted with ``tokenizer``."""
     from asrprec.data.buckets import corpus_buckets
-    from asrprec.data.datamodule import filter_durations
+    from asrprec.data.durations import filter_durations
 
     kept = filter_durations(cuts, data_cfg.min_cut_s, data_cfg.max_cut_s)
     lazy = bool(getattr(cuts, "is_lazy", False))

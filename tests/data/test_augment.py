@@ -135,6 +135,52 @@ def test_batch_tempo_per_batch_draws_one_factor_and_caps_dense_rows():
                                                                                               own.tolist())) > 0.02
 
 
+def test_batch_tempo_fast_share_reaches_its_target_rates():
+    import random
+
+    import torch
+
+    from asrprec.data.augment import change_batch_tempo
+
+    # 400 rows of 2 s; 4, 6 or 9 words: 120, 180 or 270 words per minute
+    n_rows = 400
+    lens = torch.full((n_rows,), 200)
+    texts = [" ".join(["w"] * (4 + (i % 3) * 2 + (i % 3 == 2))) for i in range(n_rows)]
+    x = torch.randn(n_rows, 200, 3)
+    random.seed(0)
+    _, out_lens = change_batch_tempo(x, lens, texts, (1.0, 1.0), fast=(0.3, 300.0, 500.0))
+    wpm = torch.tensor([60.0 * len(t.split()) / (n * 0.01) for t, n in zip(texts, out_lens.tolist())])
+    own = torch.tensor([60.0 * len(t.split()) / 2.0 for t in texts])
+    moved = out_lens != 200
+    # the rows not drawn keep tempo_range's factor (1 here); the drawn ones land in [300, 500] wpm, up to a frame
+    assert torch.all(wpm[~moved] == own[~moved])
+    assert torch.all((wpm[moved] > 300 * 0.99) & (wpm[moved] < 500 * 1.01))
+    share = float(moved.float().mean())  # binomial(400, 0.3): sd 0.023
+    assert abs(share - 0.3) < 0.08
+    # uniform in rate: the drawn rates' mean is the range's middle (sd of the mean ~ 58 / sqrt(120) = 5 wpm)
+    assert abs(float(wpm[moved].mean()) - 400.0) < 20.0
+    # a target slower than the utterance slows it down; the token floor still caps a speed-up
+    random.seed(1)
+    _, slow = change_batch_tempo(x[:2], lens[:2], ["w " * 12, "w"], None, fast=(1.0, 60.0, 60.0))
+    assert slow.tolist() == [1200, 100]  # 12 words at 60 wpm: 12 s; 1 word: 1 s (a factor of 2 from 2 s)
+    random.seed(2)
+    _, capped = change_batch_tempo(x[:1], lens[:1], [" ".join(["w"] * 25)], None, fast=(1.0, 3000.0, 3000.0))
+    assert capped.tolist() == [150]  # 25 tokens: sped up 200 / (6 x 25) = 1.33x at most, not 3000 / 750 = 4x
+    with pytest.raises(ValueError, match="per_batch"):
+        change_batch_tempo(x, lens, texts, (1.0, 1.2), per_batch=True, fast=(0.5, 300.0, 400.0))
+
+
+def test_tempo_fast_option_is_checked():
+    from asrprec.data import DataConfig
+
+    assert DataConfig(tempo_fast=[0.25, 300, 500]).tempo_fast == (0.25, 300, 500)
+    for bad in [(1.5, 300, 500), (0.5, 500, 300), (0.5, 0, 300)]:
+        with pytest.raises(ValueError, match="tempo_fast"):
+            DataConfig(tempo_fast=bad)
+    with pytest.raises(ValueError, match="tempo_per_batch"):
+        DataConfig(tempo_fast=(0.5, 300, 500), tempo_per_batch=True)
+
+
 def test_pause_frames_follow_the_noise_level_in_log_power():
     import math
 

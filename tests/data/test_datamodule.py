@@ -120,6 +120,27 @@ def test_tempo_perturbation_shortens_training_utterances_only(tiny_fbank):
 
 
 @needs_espeak
+def test_tempo_fast_brings_every_training_utterance_to_its_target_rate(tiny_fbank):
+    from asrprec.data.datamodule import describe_augmentation
+
+    _, cuts = tiny_fbank
+    train = cuts["train"]
+    config = DataConfig(max_duration=100.0, num_buckets=1, spec_augment=False, min_cut_s=0.0,
+                        tempo_fast=(1.0, 400.0, 450.0))
+    assert "1 of the utterances brought to 400-450 words per minute" in describe_augmentation(config)
+    texts = {c.id: c.supervisions[0].text for c in train}
+    seen = 0
+    for b in AsrDataModule(config).train_dataloader(train, count_tokens=lambda text: 1):
+        for cid, n in zip(b["cut_ids"], b["feature_lens"].tolist()):
+            wpm = 60.0 * len(texts[cid].split()) / (n * 0.01)
+            assert 400 * 0.98 < wpm < 450 * 1.02, (cid, wpm)  # within a frame of the target
+            seen += 1
+    assert seen == len(train)
+    for b in AsrDataModule(config).valid_dataloader(train):  # held-out batches keep their tempo
+        assert [int(n) for n in b["feature_lens"]] == [c.num_frames for c in (train[i] for i in b["cut_ids"])]
+
+
+@needs_espeak
 def test_tempo_per_batch_adds_no_padding(tiny_fbank):
     _, cuts = tiny_fbank
     train = cuts["train"]
@@ -211,7 +232,7 @@ def test_the_duration_filter_counts_what_it_keeps_eager_and_lazy(tmp_path):
     from lhotse import CutSet
     from lhotse.testing.dummies import dummy_cut
 
-    from asrprec.data.datamodule import _filter_durations
+    from asrprec.data.durations import _filter_durations
 
     durations = [0.3, 1.0, 2.5, 25.0, 4.0]  # kept within 0.5-20 s: 1.0 + 2.5 + 4.0
     cuts = CutSet.from_cuts(dummy_cut(i, duration=d) for i, d in enumerate(durations))

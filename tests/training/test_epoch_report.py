@@ -12,9 +12,9 @@ from asrprec.data.datamodule import (
     DataConfig,
     NoiseMixConfig,
     SpecAugmentConfig,
-    _DurationFilter,
     describe_augmentation,
 )
+from asrprec.data.durations import _DurationFilter
 from asrprec.precision import get_policy
 from asrprec.training import train
 from asrprec.experiment import read_history
