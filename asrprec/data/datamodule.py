@@ -149,7 +149,8 @@ class DataConfig:
                     raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {value}")
                 setattr(self, name, value)
         if self.tempo_fast is not None:
-            share, low, high = self.tempo_fast = tuple(self.tempo_fast)
+            self.tempo_fast = tuple(self.tempo_fast)
+            share, low, high = self.tempo_fast if len(self.tempo_fast) == 3 else (-1, 0, 0)
             if not (0 <= share <= 1 and 0 < low <= high) or self.tempo_per_batch:
                 raise ValueError(f"tempo_fast must be (share, low_wpm, high_wpm) with share in [0, 1] and 0 < low <= "
                                  f"high, without tempo_per_batch; got {self.tempo_fast}")

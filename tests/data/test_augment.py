@@ -174,7 +174,7 @@ def test_tempo_fast_option_is_checked():
     from asrprec.data import DataConfig
 
     assert DataConfig(tempo_fast=[0.25, 300, 500]).tempo_fast == (0.25, 300, 500)
-    for bad in [(1.5, 300, 500), (0.5, 500, 300), (0.5, 0, 300)]:
+    for bad in [(1.5, 300, 500), (0.5, 500, 300), (0.5, 0, 300), (0.5, 300)]:
         with pytest.raises(ValueError, match="tempo_fast"):
             DataConfig(tempo_fast=bad)
     with pytest.raises(ValueError, match="tempo_per_batch"):
