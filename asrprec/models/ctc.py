@@ -140,23 +140,27 @@ def cr_consistency_loss(log_probs: torch.Tensor, logit_lens: torch.Tensor) -> to
 
 
 def spec_augment_views(features: torch.Tensor, feature_lens: torch.Tensor, *, copies: int = 2,
-                       time_mask_ratio: float = 2.5, num_feature_masks: int = 2, features_mask_size: int = 27,
+                       time_mask_ratio: float = 2.5, num_feature_masks: int = 2, features_mask_size: int | None = None,
                        frames_mask_size: int = 100, p: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
     """``copies`` stacked copies of the batch, each utterance of each copy masked independently.
 
     lhotse's ``SpecAugment`` masking (``lhotse/dataset/signal_transforms.py``) with icefall's CR-CTC settings
     (``get_spec_augment``: ``int(10·r)`` time masks, at most ``0.15·r`` of the frames, mask width up to
-    ``frames_mask_size``; 2 frequency masks up to 27 bins), on the valid frames only and filled with the
+    ``frames_mask_size``; 2 frequency masks up to 27 bins of 80), on the valid frames only and filled with the
     utterance's mean; applied to each utterance with probability ``p``. Time warping is not applied (the data
     module's default leaves it off). Random numbers come from torch's CPU generator (so a resumed run draws the
     same), the masks are built on ``features``' device.
 
     Args:
         features: (B, T, F) float features, unaugmented. feature_lens: (B,) int64.
+        features_mask_size: the widest frequency mask; None: icefall's 27 bins scaled to F (27 of 80 bins, 13
+            of 40), so that narrower features are not masked more.
     Returns:
         (copies·B, T, F) masked features (copy c is rows c·B ... c·B + B − 1) and (copies·B,) lengths.
     """
     B, T, Fdim = features.shape
+    if features_mask_size is None:
+        features_mask_size = max(1, 27 * Fdim // 80)
     n = copies * B
     x = features.repeat(copies, 1, 1)
     lens = feature_lens.repeat(copies)

@@ -62,6 +62,10 @@ class ModelOptions:
     feature_norm: str = option("none", choices=FEATURE_NORMS,
                                help="utterance: the encoder subtracts each utterance's mean per mel bin first "
                                     "(not with --causal); none: the features as given (icefall)")
+    frontend_convnext: bool = option(
+        True, takes_value=True,
+        help="Zipformer: the front-end's ConvNeXt block (icefall's); false leaves it out, a cheaper front-end "
+             "(the Conformer's front-end has none)")
     context_size: int = option(2, help="the stateless decoder's context: how many previous tokens it sees")
     loss: str = option("pruned", choices=LOSSES, help="full RNN-T, k2-style pruned RNN-T, or TDT")
     tdt_durations: tuple[int, ...] = option((0, 1, 2, 3, 4), parse=_duration_list, metavar="N,N,...",
@@ -115,13 +119,21 @@ class ModelOptions:
 
     def all_encoder_overrides(self) -> dict[str, Any]:
         """``encoder_overrides`` merged with ``causal``, ``chunk_size``, ``left_context_frames`` and
-        ``feature_norm`` (written only when it is not ``"none"``).
+        ``feature_norm`` (written only when it is not ``"none"``), and ``frontend_convnext`` false as the
+        Zipformer's ``convnext_hidden_ratio`` 0.
 
         Raises:
             ValueError: causal options for the Conformer, chunking without ``causal``, ``feature_norm`` other than
-                ``"none"`` with ``causal``, or an override naming another ``feature_norm``.
+                ``"none"`` with ``causal``, or an override naming another ``feature_norm`` or a ConvNeXt that
+                ``frontend_convnext`` false leaves out.
         """
         overrides = dict(self.encoder_overrides)
+        if not self.frontend_convnext and self.encoder == "zipformer":
+            if int(overrides.get("convnext_hidden_ratio", 0)) != 0:
+                raise ConfigError(f"--model.encoder_overrides sets convnext_hidden_ratio "
+                                  f"{overrides['convnext_hidden_ratio']} but --model.frontend_convnext is false: "
+                                  "give one of them")
+            overrides["convnext_hidden_ratio"] = 0
         if self.feature_norm != "none":
             if overrides.get("feature_norm", self.feature_norm) != self.feature_norm:
                 raise ConfigError(f"--model.encoder_overrides sets feature_norm {overrides['feature_norm']!r} but "

@@ -235,6 +235,18 @@ def test_spec_augment_views_mask_each_copy_independently_within_the_valid_frames
     assert torch.equal(same, src)
 
 
+@pytest.mark.parametrize("bins, widest", [(80, 26), (40, 12)])
+def test_frequency_masks_scale_with_the_feature_width(bins, widest):
+    """icefall's 27-bin limit is for 80 bins: 40-bin features get masks up to 13 bins wide (widths are drawn from
+    0 .. limit - 1, as lhotse draws them), so that the same share of the spectrum is masked."""
+    torch.manual_seed(0)
+    n, T = 600, 400
+    feats = torch.randn(n, T, bins) + 5.0
+    x, _ = spec_augment_views(feats, torch.full((n,), T), copies=1, num_feature_masks=1, p=1.0)
+    masked = (x != feats).all(1)  # (n, bins): a bin masked over every frame (time masks cover at most 37.5 %)
+    assert int(masked.sum(1).max()) == widest
+
+
 def test_cr_ctc_forward_is_halved_ctc_on_both_views_plus_the_warmed_up_consistency_term():
     model = tiny(transducer=False, ctc=CtcConfig(use_cr_ctc=True, dropout=0.0))
     model.train()

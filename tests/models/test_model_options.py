@@ -1,0 +1,42 @@
+"""``ModelOptions.frontend_convnext``: false builds the Zipformer's front-end without its ConvNeXt block (the
+parameter count falls by exactly the block's, counted from the convolutions' shapes), ``model.json`` records it so
+that decoding rebuilds the same network, the Conformer (whose front-end has no ConvNeXt) accepts it, and a
+contradicting override is refused."""
+
+import json
+
+import pytest
+
+from asrprec.models import build_model, build_transducer
+from asrprec.models.options import ModelOptions
+
+
+def _count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_false_drops_exactly_the_convnext_and_model_json_rebuilds_it():
+    with_block, _ = build_model(ModelOptions(), 16)
+    without, config = build_model(ModelOptions(frontend_convnext=False), 16)
+    assert with_block.encoder.encoder_embed.convnext is not None
+    assert without.encoder.encoder_embed.convnext is None
+    c = with_block.encoder.encoder_embed.conv[-3].out_channels  # the channels the block runs at
+    h = 3 * c  # icefall's hidden ratio
+    # depthwise 7x7 (weights + bias), 1x1 up (c -> h), 1x1 down (h -> c), each with its bias; the balancers and
+    # the whitening hold no parameters
+    block = (c * 7 * 7 + c) + (c * h + h) + (h * c + c)
+    assert _count(with_block) - _count(without) == block
+    stored = json.loads(json.dumps(config))  # as model.json holds it
+    assert stored["encoder_overrides"]["convnext_hidden_ratio"] == 0
+    assert build_transducer(**stored).encoder.encoder_embed.convnext is None
+
+
+def test_conformer_accepts_it_and_a_contradicting_override_is_refused():
+    conformer, _ = build_model(ModelOptions(encoder="conformer", frontend_convnext=False), 16)
+    plain, _ = build_model(ModelOptions(encoder="conformer"), 16)
+    assert _count(conformer) == _count(plain)  # its front-end has no ConvNeXt to leave out
+    with pytest.raises(ValueError, match="give one of them"):
+        ModelOptions(frontend_convnext=False, encoder_overrides={"convnext_hidden_ratio": 3}).all_encoder_overrides()
+    # the override alone still works, as before the option
+    assert ModelOptions(encoder_overrides={"convnext_hidden_ratio": 0}).all_encoder_overrides()[
+        "convnext_hidden_ratio"] == 0
