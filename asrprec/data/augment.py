@@ -20,6 +20,17 @@ import numpy as np
 from asrprec.data.frames import FRAME_SHIFT_S
 
 
+def frequency_mask_width(num_bins: int, size: int | None = None) -> int:
+    """The widest SpecAugment frequency mask for ``num_bins``-bin features: ``size`` when given, else icefall's 27
+    bins of 80 scaled to the width (13 of 40), so that narrower features do not lose a larger share of their
+    spectrum."""
+    if size is not None:
+        if size < 1:
+            raise ValueError(f"features_mask_size must be >= 1 (or None: 27 of every 80 bins), got {size}")
+        return int(size)
+    return max(1, 27 * int(num_bins) // 80)
+
+
 def _power(x: np.ndarray) -> float:
     return float(np.mean(np.square(x, dtype=np.float64)))
 

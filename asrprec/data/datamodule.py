@@ -33,7 +33,7 @@ import torch
 from asrprec._optional import require
 from asrprec.config import option, strict_from_dict
 from asrprec.data.augment import (UtteranceJoiner, change_batch_tempo, change_batch_warp, count_words,
-                                  noise_mix_transform)
+                                  frequency_mask_width, noise_mix_transform)
 from asrprec.data.buckets import Batching
 from asrprec.data.durations import _filter_durations, _is_lazy
 from asrprec.precision.batch_plan import CALIBRATION_SAFETY
@@ -44,19 +44,23 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SpecAugmentConfig:
-    """lhotse ``SpecAugment`` settings; ``time_warp_factor=None`` turns time warping off (it is slow)."""
+    """lhotse ``SpecAugment`` settings; ``time_warp_factor=None`` turns time warping off (it is slow);
+    ``features_mask_size=None``: icefall's 27 bins of 80 scaled to ``num_mel_bins``
+    (:func:`asrprec.data.augment.frequency_mask_width`). CR-CTC's masks (the model's) take the same width."""
 
     time_warp_factor: int | None = None
     num_frame_masks: int = 2
     frames_mask_size: int = 100
     max_frames_mask_fraction: float = 0.15
     num_feature_masks: int = 2
-    features_mask_size: int = 27
+    features_mask_size: int | None = None
     p: float = 0.9
 
     def __post_init__(self) -> None:
         if self.time_warp_factor == 0:  # a recipe's "0 = no time warping"
             self.time_warp_factor = None
+        if self.features_mask_size is not None:
+            frequency_mask_width(1, self.features_mask_size)  # checks it
 
 
 @dataclass
@@ -380,7 +384,7 @@ def describe_augmentation(config: DataConfig, cuts: Any | None = None) -> str:
         warp = f"time warp {s.time_warp_factor}" if s.time_warp_factor else "no time warp"
         parts.append(f"SpecAugment p={s.p:g}: {s.num_frame_masks} frame masks of <= {s.frames_mask_size} frames "
                      f"(<= {s.max_frames_mask_fraction:g} of the frames), {s.num_feature_masks} feature masks of <= "
-                     f"{s.features_mask_size} bins, {warp}")
+                     f"{frequency_mask_width(config.num_mel_bins, s.features_mask_size)} bins, {warp}")
     else:
         parts.append("SpecAugment off")
     if config.tempo_range is not None:
@@ -438,7 +442,7 @@ class AsrDataModule:
             frames_mask_size=c.frames_mask_size,
             max_frames_mask_fraction=c.max_frames_mask_fraction,
             num_feature_masks=c.num_feature_masks,
-            features_mask_size=c.features_mask_size,
+            features_mask_size=frequency_mask_width(self.config.num_mel_bins, c.features_mask_size),
             p=c.p,
         )
 

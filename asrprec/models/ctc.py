@@ -15,11 +15,12 @@ F feature bins, D_enc the encoder's width.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
+from asrprec.data.augment import frequency_mask_width
 from asrprec.losses.validate import check_logits, validate_rnnt_inputs
 from asrprec.precision.islands import fp32_island
 
@@ -43,6 +44,8 @@ class CtcConfig:
     time_warp_factor: CR-CTC's time warping (SpecAugment's, applied once to each utterance before it is
         duplicated, as icefall's model.py does); None or 0: none (the data module's SpecAugment, which would
         otherwise warp, is off under CR-CTC).
+    features_mask_size: CR-CTC's widest frequency mask in bins (a recipe's SpecAugment setting); None: icefall's
+        27 of every 80 bins, scaled to the features' width.
     dropout: dropout in front of the head's linear layer (icefall's ``ctc_output``).
     """
 
@@ -51,6 +54,7 @@ class CtcConfig:
     cr_loss_scale: float | None = None
     time_mask_ratio: float = 2.5
     time_warp_factor: int | None = None
+    features_mask_size: int | None = None
     dropout: float = 0.1
 
     def __post_init__(self) -> None:
@@ -62,8 +66,19 @@ class CtcConfig:
             raise ValueError(f"time_mask_ratio must be > 0 (icefall uses 2.5), got {self.time_mask_ratio}")
         if self.time_warp_factor is not None and self.time_warp_factor < 0:
             raise ValueError(f"time_warp_factor must be >= 0 (None or 0: no warping), got {self.time_warp_factor}")
+        if self.features_mask_size is not None and self.features_mask_size < 1:
+            raise ValueError(f"features_mask_size must be >= 1 (None: 27 of every 80 bins), got "
+                             f"{self.features_mask_size}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    def record(self) -> dict:
+        """The fields as ``model.json`` records them: ``features_mask_size`` only when set, so that the record of
+        a run from before the field still matches it on resume."""
+        fields = asdict(self)
+        if fields["features_mask_size"] is None:
+            del fields["features_mask_size"]
+        return fields
 
     def resolved(self, use_transducer: bool) -> "CtcConfig":
         """This config with the ``None`` scales replaced by icefall's values for the combination."""
@@ -159,8 +174,7 @@ def spec_augment_views(features: torch.Tensor, feature_lens: torch.Tensor, *, co
         (copies·B, T, F) masked features (copy c is rows c·B ... c·B + B − 1) and (copies·B,) lengths.
     """
     B, T, Fdim = features.shape
-    if features_mask_size is None:
-        features_mask_size = max(1, 27 * Fdim // 80)
+    features_mask_size = frequency_mask_width(Fdim, features_mask_size)
     n = copies * B
     x = features.repeat(copies, 1, 1)
     lens = feature_lens.repeat(copies)

@@ -300,7 +300,7 @@ def from_icefall(path: str | os.PathLike, args: Mapping[str, Any] | str | os.Pat
 
 def icefall_training_model(path: str | os.PathLike, args: Mapping[str, Any] | str | os.PathLike | None,
                            options: "ModelOptions", vocab_size: int, *, time_warp_factor: int | None = None,
-                           **kwargs: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
+                           features_mask_size: int | None = None, **kwargs: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
     """``(model, model_config)`` to fine-tune an icefall checkpoint: its architecture and heads, with the
     objective's settings of ``options`` (loss, prune range, warm-up, CTC / CR-CTC scales). The weights are fresh:
     the training loop loads them (:func:`load_icefall_weights`) unless it resumes.
@@ -327,12 +327,13 @@ def icefall_training_model(path: str | os.PathLike, args: Mapping[str, Any] | st
     if options.use_cr_ctc and not has_ctc:
         raise IcefallImportError(f"--use-cr-ctc needs a CTC head, which the icefall model {path} has not. Fix: "
                                  "drop --use-cr-ctc")
-    ctc = dataclasses.replace(options, use_ctc=True).ctc_config(time_warp_factor) if has_ctc else None
+    ctc = dataclasses.replace(options, use_ctc=True).ctc_config(time_warp_factor, features_mask_size) \
+        if has_ctc else None
     loss = {"loss": options.loss, "joint_mode": options.joint_mode, "backend": options.loss_backend,
             "prune_range": options.prune_range}
     model = build_transducer(**config, ctc=ctc, **kwargs,
                              loss=LossConfig(**loss, loss_warmup_batches=options.loss_warmup_batches))
     config = {**config, "encoder_overrides": resolved_encoder_overrides(model), "loss": loss}
     if ctc is not None:
-        config["ctc"] = dataclasses.asdict(ctc)
+        config["ctc"] = ctc.record()
     return model, config

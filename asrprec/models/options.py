@@ -90,9 +90,10 @@ class ModelOptions:
     time_mask_ratio: float | None = option(
         None, help="CR-CTC time masking relative to SpecAugment's (default 2.5)")
 
-    def ctc_config(self, time_warp_factor: int | None = None) -> CtcConfig | None:
-        """The :class:`CtcConfig` of the CTC options (``time_warp_factor``: CR-CTC's warping, a recipe's SpecAugment
-        setting), or None without ``use_ctc``.
+    def ctc_config(self, time_warp_factor: int | None = None,
+                   features_mask_size: int | None = None) -> CtcConfig | None:
+        """The :class:`CtcConfig` of the CTC options (``time_warp_factor``, ``features_mask_size``: CR-CTC's warping
+        and widest frequency mask, a recipe's SpecAugment settings), or None without ``use_ctc``.
 
         Raises:
             ValueError: a combination without a head, or a CTC or CR-CTC option without ``use_ctc`` /
@@ -114,6 +115,7 @@ class ModelOptions:
         extra: dict[str, Any] = {} if self.time_mask_ratio is None else {"time_mask_ratio": self.time_mask_ratio}
         if self.use_cr_ctc:  # the model warps each utterance before duplicating it
             extra["time_warp_factor"] = time_warp_factor or None
+            extra["features_mask_size"] = features_mask_size
         return CtcConfig(ctc_loss_scale=self.ctc_loss_scale, use_cr_ctc=self.use_cr_ctc,
                          cr_loss_scale=self.cr_loss_scale, **extra)
 
@@ -170,13 +172,15 @@ class ModelOptions:
 
 
 def build_model(options: ModelOptions, vocab_size: int, blank_id: int = 0, *, time_warp_factor: int | None = None,
-                num_features: int | None = None, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+                features_mask_size: int | None = None, num_features: int | None = None,
+                **kwargs: Any) -> tuple[Any, dict[str, Any]]:
     """The transducer ``options`` describe and its ``model.json`` record: the encoder's resolved fields (preset +
     overrides), so that decoding rebuilds this architecture even if the preset changes later.
 
     Args:
         options: the model options. vocab_size, blank_id: the tokenizer's.
-        time_warp_factor: CR-CTC's time warping (the recipe's SpecAugment setting).
+        time_warp_factor, features_mask_size: CR-CTC's time warping and widest frequency mask (the recipe's
+            SpecAugment settings; None: none, and 27 of every 80 bins).
         num_features: the features' width (the recipe's ``--data.num_mel_bins``); None: the encoder's default (80).
         kwargs: to :func:`build_transducer` (e.g. ``model_warmup_batches``).
 
@@ -194,7 +198,7 @@ def build_model(options: ModelOptions, vocab_size: int, blank_id: int = 0, *, ti
     model = build_transducer(
         encoder=o.encoder, size=o.size, vocab_size=vocab_size, blank_id=blank_id, context_size=o.context_size,
         encoder_overrides=overrides, use_transducer=o.use_transducer,
-        ctc=o.ctc_config(time_warp_factor),
+        ctc=o.ctc_config(time_warp_factor, features_mask_size),
         loss=LossConfig(loss=o.loss, joint_mode=o.joint_mode, backend=o.loss_backend, prune_range=o.prune_range,
                         loss_warmup_batches=o.loss_warmup_batches, **o.tdt_fields()),
         **kwargs,
@@ -207,6 +211,6 @@ def build_model(options: ModelOptions, vocab_size: int, blank_id: int = 0, *, ti
     if not o.use_transducer:
         model_config["use_transducer"] = False
     if model.ctc_config is not None:
-        model_config["ctc"] = dataclasses.asdict(model.ctc_config)
+        model_config["ctc"] = model.ctc_config.record()
     return model, model_config
 

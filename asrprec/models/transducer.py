@@ -280,7 +280,8 @@ class Transducer(nn.Module):
             if self.ctc_config.time_warp_factor:
                 features = time_warp(features, feature_lens, self.ctc_config.time_warp_factor)
             features, feature_lens = spec_augment_views(features, feature_lens,
-                                                        time_mask_ratio=self.ctc_config.time_mask_ratio)
+                                                        time_mask_ratio=self.ctc_config.time_mask_ratio,
+                                                        features_mask_size=self.ctc_config.features_mask_size)
             targets, target_lens = targets.repeat(2, 1), target_lens.repeat(2)
         half = 0.5 if cr else 1.0
         warmup = warmup_fraction(self.batch_count, self.model_warmup_batches) if self.training else 1.0

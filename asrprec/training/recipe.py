@@ -85,15 +85,19 @@ def train_experiment(cfg: TrainingConfig, *, tokenizer_path: str | Path | Callab
 
     begin_training(cfg)
     tcfg = cfg.train
+    # CR-CTC masks its views itself (the data module's SpecAugment is then off): it takes these two settings
     time_warp = cfg.data.spec_augment_config.time_warp_factor
+    mask_size = cfg.data.spec_augment_config.features_mask_size
     tokenizer = Tokenizer(tokenizer_path() if callable(tokenizer_path) else tokenizer_path)
     icefall = parse_icefall_source(tcfg.init_from)
     if icefall is not None:  # icefall's architecture, this run's objective; the loop loads the weights
         model, model_config = icefall_training_model(icefall, tcfg.icefall_args or None, cfg.model,
-                                                     tokenizer.vocab_size, time_warp_factor=time_warp, **model_kwargs)
+                                                     tokenizer.vocab_size, time_warp_factor=time_warp,
+                                                     features_mask_size=mask_size, **model_kwargs)
     else:
         model, model_config = build_model(cfg.model, tokenizer.vocab_size, tokenizer.blank_id,
-                                          time_warp_factor=time_warp, num_features=cfg.data.num_mel_bins,
+                                          time_warp_factor=time_warp, features_mask_size=mask_size,
+                                          num_features=cfg.data.num_mel_bins,
                                           **model_kwargs)
     resume_from = prepare_experiment(tcfg, rank=get_rank(), model_config=model_config)
     save_config(cfg, resuming=resume_from is not None)
