@@ -35,7 +35,8 @@ from .hypothesis import DecodingResult, Hypothesis, HypothesisList
 from .label_looping import LabelLoopingGreedy, label_looping_greedy_search
 from .methods import HEADS, model_heads, select_search, supported_methods
 from .streaming import streaming_decode, streaming_encode
-from .tdt import StreamingTdtGreedySearch, TdtHypothesis, is_tdt, tdt_greedy_search, tdt_modified_beam_search
+from .tdt import (TDT_MAX_SYM_PER_FRAME, StreamingTdtGreedySearch, TdtHypothesis, is_tdt, tdt_greedy_search,
+                  tdt_modified_beam_search)
 from .tdt_label_looping import TdtLabelLoopingGreedy, tdt_label_looping_greedy_search
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "LabelLoopingGreedy", "label_looping_greedy_search",
     "CTC_METHODS", "check_method", "ctc_greedy_search", "ctc_prefix_beam_search", "StreamingCtcGreedySearch",
     "StreamingCtcPrefixBeamSearch",
-    "StreamingTdtGreedySearch", "TdtHypothesis", "TdtLabelLoopingGreedy", "is_tdt", "tdt_greedy_search",
+    "StreamingTdtGreedySearch", "TDT_MAX_SYM_PER_FRAME", "TdtHypothesis", "TdtLabelLoopingGreedy", "is_tdt",
+    "tdt_greedy_search",
     "tdt_label_looping_greedy_search", "tdt_modified_beam_search",
 ]

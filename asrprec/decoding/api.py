@@ -6,7 +6,7 @@ Legend: B utterances, T input frames, T' encoder frames, F feature bins, D_enc e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -17,8 +17,10 @@ from .fusion import BatchFusion
 from .hypothesis import DecodingResult
 from .label_looping import GREEDY_METHODS
 from .methods import CTC_METHODS, METHODS, TABLE, check_method, select_search
+from .tdt import TDT_MAX_SYM_PER_FRAME
 
-__all__ = ["CTC_METHODS", "METHODS", "DecodingOptions", "Searcher", "check_method", "decode", "decode_encoder_out"]
+__all__ = ["CTC_METHODS", "METHODS", "TDT_MAX_SYM_PER_FRAME", "DecodingOptions", "Searcher", "check_method",
+           "decode", "decode_encoder_out"]
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,9 @@ class DecodingOptions:
         is the batched ALSD beam search of :mod:`asrprec.decoding.batched_beam`), ``"ctc_greedy_search"`` or
         ``"ctc_prefix_beam_search"`` (CTC head); :mod:`asrprec.decoding.methods` maps each to its search.
     beam: hypotheses per utterance for the beam searches (icefall's ``--beam-size``, default 4).
-    max_sym_per_frame: symbols per frame for ``greedy_search`` (icefall's default 1), and for both searches of a
-        TDT model (NeMo's ``max_symbols``; see :mod:`asrprec.decoding.tdt`).
+    max_sym_per_frame: symbols per frame for ``greedy_search``, and for both searches of a TDT model (NeMo's
+        ``max_symbols``; see :mod:`asrprec.decoding.tdt`); None: 1 for an RNN-T (icefall's default), 10 for TDT
+        (:data:`TDT_MAX_SYM_PER_FRAME`), resolved by :meth:`for_head`.
     length_norm: final choice of ``modified_beam_search`` by length-normalised score (icefall) or raw score.
     greedy_method: ``greedy_search`` by frame looping (:func:`asrprec.decoding.greedy_search`) or by label looping
         (:class:`asrprec.decoding.LabelLoopingGreedy`, which a :class:`Searcher` keeps across batches); the same
@@ -39,7 +42,7 @@ class DecodingOptions:
 
     method: str = "greedy_search"
     beam: int = 4
-    max_sym_per_frame: int = 1
+    max_sym_per_frame: int | None = None
     length_norm: bool = True
     greedy_method: str = "frame_looping"
 
@@ -48,10 +51,18 @@ class DecodingOptions:
             raise ValueError(f"unknown decoding method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.beam < 1:
             raise ValueError(f"beam must be >= 1, got {self.beam}")
-        if self.max_sym_per_frame < 1:
-            raise ValueError(f"max_sym_per_frame must be >= 1, got {self.max_sym_per_frame}")
+        if self.max_sym_per_frame is not None and self.max_sym_per_frame < 1:
+            raise ValueError(f"max_sym_per_frame must be >= 1 (or None: the head's default), got "
+                             f"{self.max_sym_per_frame}")
         if self.greedy_method not in GREEDY_METHODS:
             raise ValueError(f"greedy_method must be one of {', '.join(GREEDY_METHODS)}, got {self.greedy_method!r}")
+
+    def for_head(self, head: str) -> "DecodingOptions":
+        """These options with ``max_sym_per_frame`` None replaced by ``head``'s default (a head of
+        :data:`asrprec.decoding.methods.HEADS`): :data:`TDT_MAX_SYM_PER_FRAME` for ``"tdt"``, else 1."""
+        if self.max_sym_per_frame is not None:
+            return self
+        return replace(self, max_sym_per_frame=TDT_MAX_SYM_PER_FRAME if head == "tdt" else 1)
 
     @classmethod
     def from_dict(cls, d: dict) -> "DecodingOptions":
@@ -72,8 +83,8 @@ class Searcher:
     """
 
     def __init__(self, model: nn.Module, options: DecodingOptions | None = None):
-        self.options = options or DecodingOptions()
-        self.entry = select_search(model, self.options.method)
+        self.entry = select_search(model, (options or DecodingOptions()).method)
+        self.options = (options or DecodingOptions()).for_head(self.entry.head)
         self._search = self.entry.make(model, self.options)
 
     @torch.no_grad()

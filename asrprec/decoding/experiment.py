@@ -28,7 +28,7 @@ from asrprec.models.icefall import parse_icefall_source
 from asrprec.models.weights import WeightsOptions
 from asrprec.precision import PrecisionOptions
 
-from .api import METHODS, DecodingOptions
+from .api import CTC_METHODS, METHODS, DecodingOptions
 from .longform import LongFormOptions
 from .label_looping import DEFAULT_GREEDY_METHOD, GREEDY_METHODS
 
@@ -44,7 +44,9 @@ class DecodeConfig(WeightsOptions, CompileOptions, LongFormOptions):
     decoding_method: tuple[str, ...] = option(("greedy_search",), choices=METHODS, metavar="METHOD",
                                               help="the search(es): several decode one loaded model in turn")
     beam_size: int = option(4, help="beam searches: hypotheses kept per utterance")
-    max_sym_per_frame: int = option(1, help="at most this many tokens per encoder frame (NeMo's max_symbols)")
+    max_sym_per_frame: int | None = option(
+        None, help="at most this many tokens per encoder frame (default: 1 for an RNN-T, icefall's; 10 for TDT, "
+                   "NeMo's max_symbols)")
     greedy_method: str = option(DEFAULT_GREEDY_METHOD, choices=GREEDY_METHODS,
                                 help="greedy_search by label looping (batched) or frame looping: the same results")
     chunk_size: int | None = option(None, help="causal Zipformer: chunk in 50 Hz frames (-1 = full context)")
@@ -172,6 +174,8 @@ def result_tag(cfg: DecodeConfig, precision: str, streaming_tag: str = "") -> st
             tag += "-use-averaged-model"
     if method in ("modified_beam_search", "malsd_batch", "ctc_prefix_beam_search"):
         tag += f"-beam-{cfg.beam_size}"
+    if cfg.max_sym_per_frame is not None and method not in CTC_METHODS:  # a choice other than the head's default
+        tag += f"-max-sym-{cfg.max_sym_per_frame}"
     for flag, scale, name in ((cfg.lm, cfg.lm_scale, "lm"), (cfg.lodr, cfg.lodr_scale, "lodr"),
                               (cfg.hotwords or cfg.hotword_score, cfg.hotword_score, "hot")):
         if flag:

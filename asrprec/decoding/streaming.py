@@ -109,8 +109,8 @@ def streaming_decode(
     B :class:`~asrprec.decoding.DecodingResult` (frames counted from each stream's start). A method without a
     chunk-by-chunk form raises ValueError naming those the model has."""
     options = options or DecodingOptions()
-    search = select_search(model, options.method, streaming=True).make(model, options, features.shape[0],
-                                                                       features.device)
+    entry = select_search(model, options.method, streaming=True)
+    search = entry.make(model, options.for_head(entry.head), features.shape[0], features.device)
     streaming_encode(model, features, feature_lens, chunk_size, left_context_frames, on_chunk=search.accept,
                      whole_chunks_only=whole_chunks_only)
     results = search.results()

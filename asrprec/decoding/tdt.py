@@ -33,9 +33,14 @@ from ._common import check_inputs, log_softmax_fp32, model_device, sort_and_proj
 from .fusion import BatchFusion, fused_greedy_tokens
 from .hypothesis import DecodingResult, log_add, results_of
 
+#: a TDT model's default ``max_sym_per_frame``: NeMo's ``max_symbols_per_step`` default (NVIDIA/NeMo
+#: ``nemo/collections/asr/parts/submodules/rnnt_greedy_decoding.py``, ``GreedyBatchedRNNTInferConfig``). A TDT model
+#: emits several labels on one frame by predicting duration 0; a cap of 1 would override every such prediction.
+TDT_MAX_SYM_PER_FRAME = 10
+
 __all__ = [
-    "StreamingTdtGreedySearch", "TdtHypothesis", "is_tdt", "tdt_durations", "tdt_greedy_search",
-    "tdt_modified_beam_search",
+    "TDT_MAX_SYM_PER_FRAME", "StreamingTdtGreedySearch", "TdtHypothesis", "is_tdt", "tdt_durations",
+    "tdt_greedy_search", "tdt_modified_beam_search",
 ]
 
 
@@ -83,7 +88,7 @@ class StreamingTdtGreedySearch:
             :mod:`asrprec.decoding.fusion`); the duration is the duration head's argmax either way.
     """
 
-    def __init__(self, model: nn.Module, batch_size: int, max_sym_per_frame: int = 1,
+    def __init__(self, model: nn.Module, batch_size: int, max_sym_per_frame: int = TDT_MAX_SYM_PER_FRAME,
                  fusion: BatchFusion | None = None):
         _check_max_sym(max_sym_per_frame)
         self.model = model
@@ -185,7 +190,7 @@ class StreamingTdtGreedySearch:
 
 @torch.no_grad()
 def tdt_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
-                      max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
+                      max_sym_per_frame: int = TDT_MAX_SYM_PER_FRAME, *, return_timestamps: bool = False,
                       fusion: BatchFusion | None = None, return_results: bool = False,
                       ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]] | list[DecodingResult]:
     """Batched TDT greedy search: each utterance advances by its predicted durations (the rules in the module
@@ -260,7 +265,8 @@ def _merge(pool: dict[tuple[int, ...], TdtHypothesis], hyp: TdtHypothesis) -> No
 
 @torch.no_grad()
 def tdt_modified_beam_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor, beam: int = 4,
-                             max_sym_per_frame: int = 1, *, length_norm: bool = True, return_hypotheses: bool = False,
+                             max_sym_per_frame: int = TDT_MAX_SYM_PER_FRAME, *, length_norm: bool = True,
+                             return_hypotheses: bool = False,
                              fusion: BatchFusion | None = None, return_results: bool = False,
                              ) -> list[list[int]] | list[list[TdtHypothesis]] | list[DecodingResult]:
     """Modified beam search adapted to durations, batched across utterances.

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .label_looping import LabelLoopingGreedy, LoopState
-from .tdt import best_token_and_jump, tdt_durations
+from .tdt import TDT_MAX_SYM_PER_FRAME, best_token_and_jump, tdt_durations
 
 __all__ = ["TdtLabelLoopingGreedy", "tdt_label_looping_greedy_search"]
 
@@ -55,7 +55,7 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
 
     _has_durations = True
 
-    def __init__(self, model: nn.Module, max_sym_per_frame: int = 1, *, use_cuda_graphs: bool | None = None,
+    def __init__(self, model: nn.Module, max_sym_per_frame: int = TDT_MAX_SYM_PER_FRAME, *, use_cuda_graphs: bool | None = None,
                  static_shapes: bool | None = None):
         super().__init__(model, max_sym_per_frame, use_cuda_graphs=use_cuda_graphs, window=1,
                          static_shapes=static_shapes)
@@ -148,7 +148,7 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
 
 
 def tdt_label_looping_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
-                                    max_sym_per_frame: int = 1, *, return_timestamps: bool = False,
+                                    max_sym_per_frame: int = TDT_MAX_SYM_PER_FRAME, *, return_timestamps: bool = False,
                                     use_cuda_graphs: bool | None = None, return_results: bool = False,
                                     ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]] | list:
     """TDT greedy decoding of a batch by label looping (same results as :func:`asrprec.decoding.tdt_greedy_search`).

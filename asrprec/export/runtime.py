@@ -24,6 +24,10 @@ import numpy as np
 from asrprec._optional import require
 from asrprec.errors import AsrprecError
 
+#: a TDT model's tokens per frame at most, as asrprec.decoding's TDT_MAX_SYM_PER_FRAME (NeMo's max_symbols default);
+#: repeated here so that this module needs numpy only
+TDT_MAX_SYM_PER_FRAME = 10
+
 #: the log-mel value of a frame of digital silence: Kaldi's fbank floors the energy at FLT_EPSILON
 #: (csukuangfj/kaldi-native-fbank ``kaldi-native-fbank/csrc/feature-fbank.cc``; lhotse uses the same floor)
 SILENCE_LOG_MEL = math.log(float(np.finfo(np.float32).eps))
@@ -118,7 +122,7 @@ class _DecoderJoiner:
         a, b = (i.name for i in self.joiner.get_inputs())
         return self.joiner.run(None, {a: encoder_out, b: decoder_out})[0]
 
-    def tdt_greedy(self, encoder_out: np.ndarray, lens: np.ndarray, max_sym_per_frame: int = 1,
+    def tdt_greedy(self, encoder_out: np.ndarray, lens: np.ndarray, max_sym_per_frame: int = TDT_MAX_SYM_PER_FRAME,
                    frames: Optional[List[List[int]]] = None, token_durations: Optional[List[List[int]]] = None
                    ) -> List[List[int]]:
         """TDT greedy search over (n, T', J) ``encoder_out`` with ``lens`` valid frames per row, by the rules of
@@ -206,7 +210,7 @@ class OnnxOfflineModel(_DecoderJoiner):
 
     def greedy_search(self, encoder_out: np.ndarray, encoder_out_lens: np.ndarray, return_frames: bool = False
                       ) -> Union[List[List[int]], List[FramedTokens]]:
-        """Greedy search, one symbol per frame (a TDT model: :meth:`tdt_greedy`); returns N token-id lists (no
+        """Greedy search, one symbol per frame (a TDT model: :meth:`tdt_greedy`, up to 10); returns N token-id lists (no
         blanks), or with ``return_frames`` N :class:`FramedTokens`."""
         n = encoder_out.shape[0]
         hyps: List[List[int]] = [[] for _ in range(n)]

@@ -273,3 +273,14 @@ def test_joined_training_examples_keep_every_utterance_and_the_seed(tiny_fbank):
         DataConfig(concat_prob=1.5)
     with pytest.raises(ValueError, match="concat_pause_s"):
         DataConfig(concat_pause_s=(0.0, 0.5))
+
+
+def test_frequency_mask_width_follows_the_feature_width_unless_given():
+    """lhotse's SpecAugment gets 27 of every 80 bins by default (icefall's 27 at 80 bins, 13 at 40), or the
+    width the config names; a width below one bin is refused."""
+    assert AsrDataModule(DataConfig())._spec_augment().features_mask_size == 27
+    assert AsrDataModule(DataConfig(num_mel_bins=40))._spec_augment().features_mask_size == 13
+    given = DataConfig(num_mel_bins=40, spec_augment_config=SpecAugmentConfig(features_mask_size=10))
+    assert AsrDataModule(given)._spec_augment().features_mask_size == 10
+    with pytest.raises(ValueError, match="features_mask_size must be >= 1"):
+        SpecAugmentConfig(features_mask_size=0)

@@ -201,6 +201,27 @@ def test_named_methods_dispatch_on_the_joiner(kit):
         tdt_modified_beam_search(model, enc, enc_lens, beam=0)
 
 
+def test_default_tokens_per_frame_are_nemos_for_tdt_and_icefalls_for_rnnt(kit):
+    """Options that leave ``max_sym_per_frame`` unset decode a TDT model with NeMo's cap of 10 tokens per frame (the
+    naive one-frame-at-a-time rules above), an RNN-T model with icefall's 1; on a model that stays on its frames the
+    two caps give different words, and an explicit cap is kept."""
+    from asrprec.decoding import TDT_MAX_SYM_PER_FRAME
+    from asrprec.export.runtime import TDT_MAX_SYM_PER_FRAME as RUNTIME_DEFAULT
+
+    assert TDT_MAX_SYM_PER_FRAME == RUNTIME_DEFAULT == 10  # onnxruntime's TDT greedy decodes as asrprec does
+    model = make_tdt_model(kit, 1, stay_bias=4.0)  # duration 0 likely: several tokens on one frame
+    feats, feat_lens = kit.make_batch(0, LENS)
+    enc, enc_lens = model.encode(feats, feat_lens)
+    got = decode_encoder_out(model, enc, enc_lens, DecodingOptions())
+    want = [naive_tdt_greedy(model, enc[i, :n], 10)[0] for i, n in enumerate(enc_lens.tolist())]
+    capped = [naive_tdt_greedy(model, enc[i, :n], 1)[0] for i, n in enumerate(enc_lens.tolist())]
+    assert got == want and want != capped
+    assert decode_encoder_out(model, enc, enc_lens, DecodingOptions(max_sym_per_frame=1)) == capped
+    assert DecodingOptions().for_head("rnnt").max_sym_per_frame == 1
+    assert DecodingOptions().for_head("tdt").max_sym_per_frame == 10
+    assert DecodingOptions(max_sym_per_frame=3).for_head("tdt").max_sym_per_frame == 3
+
+
 @pytest.mark.parametrize("encoder", ["zipformer", "conformer"])
 def test_every_policy_label_looping_equals_greedy(encoder):
     """Each policy's inference model (fp32, fp16 and bf16 casts) and an fp32 model under bf16 autocast: label looping

@@ -40,3 +40,29 @@ def test_conformer_accepts_it_and_a_contradicting_override_is_refused():
     # the override alone still works, as before the option
     assert ModelOptions(encoder_overrides={"convnext_hidden_ratio": 0}).all_encoder_overrides()[
         "convnext_hidden_ratio"] == 0
+
+
+def test_cr_ctc_takes_the_recipes_frequency_mask_width(monkeypatch):
+    """``--data.spec_augment_config.features_mask_size`` reaches CR-CTC's views (the data module's SpecAugment is off
+    under CR-CTC); unset, ``model.json`` leaves it out, as runs from before the setting recorded it."""
+    import torch
+
+    import asrprec.models.transducer as transducer
+
+    options = ModelOptions(use_ctc=True, use_cr_ctc=True)
+    model, config = build_model(options, 16, features_mask_size=5, num_features=40)
+    assert config["ctc"]["features_mask_size"] == 5
+    assert "features_mask_size" not in build_model(options, 16)[1]["ctc"]
+    seen = []
+    real = transducer.spec_augment_views
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["features_mask_size"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transducer, "spec_augment_views", spy)
+    model.train()
+    model(torch.randn(2, 60, 40), torch.tensor([60, 50]), torch.tensor([[3, 4], [5, 0]]), torch.tensor([2, 1]))
+    assert seen == [5]
+    with pytest.raises(ValueError, match="features_mask_size must be >= 1"):
+        build_model(options, 16, features_mask_size=0)
