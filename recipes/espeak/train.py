@@ -65,8 +65,8 @@ DEFAULTS = {
     # so that decoding and ONNX export do it too): test greedy 2.87 against 4.72 % (run.sh, two seeds), every split
     # and both heads better, the same time per step.
     # The Zipformer's front-end without its ConvNeXt block: a training step 0.77x as long (2 threads); test / dev /
-    # test-fast greedy 2.85 / 2.43 / 13.55 against 2.87 / 2.12 / 15.49 % (run.sh, two seeds; benchmarks/RESULTS.md
-    # "Embedded recipe").
+    # test-fast greedy 2.85 / 2.43 / 13.55 against 2.87 / 2.12 / 15.49 % (run.sh, two seeds, one token per frame;
+    # benchmarks/RESULTS.md "Embedded recipe").
     "model": {"encoder": "zipformer", "size": "tiny", "loss": "tdt", "loss_warmup_batches": 4000,
               "use_ctc": True, "ctc_loss_scale": 0.5, "use_cr_ctc": True, "cr_loss_scale": 0.1,
               "feature_norm": "utterance", "frontend_convnext": False},
