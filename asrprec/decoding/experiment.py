@@ -44,9 +44,8 @@ class DecodeConfig(WeightsOptions, CompileOptions, LongFormOptions):
     decoding_method: tuple[str, ...] = option(("greedy_search",), choices=METHODS, metavar="METHOD",
                                               help="the search(es): several decode one loaded model in turn")
     beam_size: int = option(4, help="beam searches: hypotheses kept per utterance")
-    max_sym_per_frame: int | None = option(
-        None, help="at most this many tokens per encoder frame (default: 1 for an RNN-T, icefall's; 10 for TDT, "
-                   "NeMo's max_symbols)")
+    # unset: 1 for an RNN-T (icefall's), 10 for TDT (NeMo's max_symbols; DecodingOptions.for_head)
+    max_sym_per_frame: int | None = option(None, help="tokens per encoder frame at most (RNN-T 1, TDT 10)")
     greedy_method: str = option(DEFAULT_GREEDY_METHOD, choices=GREEDY_METHODS,
                                 help="greedy_search by label looping (batched) or frame looping: the same results")
     chunk_size: int | None = option(None, help="causal Zipformer: chunk in 50 Hz frames (-1 = full context)")
