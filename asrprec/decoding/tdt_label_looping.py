@@ -55,8 +55,8 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
 
     _has_durations = True
 
-    def __init__(self, model: nn.Module, max_sym_per_frame: int = TDT_MAX_SYM_PER_FRAME, *, use_cuda_graphs: bool | None = None,
-                 static_shapes: bool | None = None):
+    def __init__(self, model: nn.Module, max_sym_per_frame: int = TDT_MAX_SYM_PER_FRAME, *,
+                 use_cuda_graphs: bool | None = None, static_shapes: bool | None = None):
         super().__init__(model, max_sym_per_frame, use_cuda_graphs=use_cuda_graphs, window=1,
                          static_shapes=static_shapes)
         self.durations = tdt_durations(model)
@@ -148,7 +148,8 @@ class TdtLabelLoopingGreedy(LabelLoopingGreedy):
 
 
 def tdt_label_looping_greedy_search(model: nn.Module, encoder_out: torch.Tensor, encoder_out_lens: torch.Tensor,
-                                    max_sym_per_frame: int = TDT_MAX_SYM_PER_FRAME, *, return_timestamps: bool = False,
+                                    max_sym_per_frame: int = TDT_MAX_SYM_PER_FRAME, *,
+                                    return_timestamps: bool = False,
                                     use_cuda_graphs: bool | None = None, return_results: bool = False,
                                     ) -> list[list[int]] | tuple[list[list[int]], list[list[int]]] | list:
     """TDT greedy decoding of a batch by label looping (same results as :func:`asrprec.decoding.tdt_greedy_search`).

@@ -210,8 +210,8 @@ class OnnxOfflineModel(_DecoderJoiner):
 
     def greedy_search(self, encoder_out: np.ndarray, encoder_out_lens: np.ndarray, return_frames: bool = False
                       ) -> Union[List[List[int]], List[FramedTokens]]:
-        """Greedy search, one symbol per frame (a TDT model: :meth:`tdt_greedy`, up to 10); returns N token-id lists (no
-        blanks), or with ``return_frames`` N :class:`FramedTokens`."""
+        """Greedy search, one symbol per frame (a TDT model: :meth:`tdt_greedy`, up to :data:`TDT_MAX_SYM_PER_FRAME`);
+        returns N token-id lists (no blanks), or with ``return_frames`` N :class:`FramedTokens`."""
         n = encoder_out.shape[0]
         hyps: List[List[int]] = [[] for _ in range(n)]
         frames = [[] for _ in range(n)] if return_frames else None

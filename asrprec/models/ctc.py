@@ -66,9 +66,8 @@ class CtcConfig:
             raise ValueError(f"time_mask_ratio must be > 0 (icefall uses 2.5), got {self.time_mask_ratio}")
         if self.time_warp_factor is not None and self.time_warp_factor < 0:
             raise ValueError(f"time_warp_factor must be >= 0 (None or 0: no warping), got {self.time_warp_factor}")
-        if self.features_mask_size is not None and self.features_mask_size < 1:
-            raise ValueError(f"features_mask_size must be >= 1 (None: 27 of every 80 bins), got "
-                             f"{self.features_mask_size}")
+        if self.features_mask_size is not None:
+            frequency_mask_width(1, self.features_mask_size)  # checks it
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 

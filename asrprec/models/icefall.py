@@ -300,7 +300,8 @@ def from_icefall(path: str | os.PathLike, args: Mapping[str, Any] | str | os.Pat
 
 def icefall_training_model(path: str | os.PathLike, args: Mapping[str, Any] | str | os.PathLike | None,
                            options: "ModelOptions", vocab_size: int, *, time_warp_factor: int | None = None,
-                           features_mask_size: int | None = None, **kwargs: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
+                           features_mask_size: int | None = None,
+                           **kwargs: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
     """``(model, model_config)`` to fine-tune an icefall checkpoint: its architecture and heads, with the
     objective's settings of ``options`` (loss, prune range, warm-up, CTC / CR-CTC scales). The weights are fresh:
     the training loop loads them (:func:`load_icefall_weights`) unless it resumes.
