@@ -85,6 +85,9 @@ class DecodeConfig(WeightsOptions, CompileOptions, LongFormOptions):
         unknown = [m for m in self.decoding_method if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown --decoding-method {', '.join(unknown)}; valid: {', '.join(METHODS)}")
+        if self.max_sym_per_frame is not None and self.max_sym_per_frame < 1:
+            raise ValueError(f"--max-sym-per-frame must be >= 1, got {self.max_sym_per_frame}; fix: leave it out for "
+                             "the head's default (RNN-T 1, TDT 10)")
         if self.tail_padding and not self.streaming:
             raise ValueError("--tail-padding applies to --streaming decoding (it ends each live stream with silence)")
         if self.long_form and (self.streaming or self.lm or self.lodr or self.hotwords or self.hotword_score):

@@ -248,3 +248,16 @@ def test_every_policy_label_looping_equals_greedy(encoder):
             for i, n in enumerate(feat_lens.tolist()):
                 one = (enc[i: i + 1, : int(enc_lens[i])], enc_lens[i: i + 1])
                 assert search(*one, return_timestamps=True) == tdt_greedy_search(m, *one, 2, return_timestamps=True)
+
+
+def test_decode_config_names_an_explicit_cap_and_refuses_a_bad_one():
+    """decode.py's ``--max-sym-per-frame``: unset, the result files keep their names; a cap given is named in them
+    (two caps must not overwrite each other's files), CTC searches excepted; below 1 it is one error naming the fix."""
+    from asrprec.decoding.experiment import DecodeConfig, result_tag
+
+    assert "max-sym" not in result_tag(DecodeConfig(epoch=8), "fp32")
+    assert result_tag(DecodeConfig(epoch=8, max_sym_per_frame=3), "fp32").endswith("-max-sym-3")
+    assert "max-sym" not in result_tag(DecodeConfig(epoch=8, max_sym_per_frame=3,
+                                                    decoding_method=("ctc_greedy_search",)), "fp32")
+    with pytest.raises(ValueError, match="leave it out for the head's default"):
+        DecodeConfig(epoch=8, max_sym_per_frame=0)
