@@ -233,6 +233,20 @@ def test_swoosh_values_and_derivatives(fn, offset, const):
         assert gd.dtype == dt
 
 
+@pytest.mark.parametrize("fn,offset,const", [(swoosh_l, 4.0, 0.035), (swoosh_r, 1.0, 0.313261687)])
+def test_swoosh_far_from_zero(fn, offset, const):
+    # log(1 + e^z) written without overflow in float64: max(z, 0) + log1p(e^-|z|); far out the CPU's softplus must
+    # keep the linear part and never overflow, with and without autograd
+    x64 = torch.cat([torch.linspace(-1e4, 1e4, 2001, dtype=torch.float64),
+                     torch.linspace(-100, 100, 2001, dtype=torch.float64)])
+    z = x64 - offset
+    ref = z.clamp_min(0) + torch.log1p(torch.exp(-z.abs())) - 0.08 * x64 - const
+    for requires_grad in (False, True):
+        y = fn(x64.float().requires_grad_(requires_grad))
+        assert torch.isfinite(y).all()
+        torch.testing.assert_close(y.double(), ref, atol=1e-6, rtol=1e-6)
+
+
 def test_activation_dropout_linear_matches_plain():
     torch.manual_seed(4)
     m = ActivationDropoutAndLinear(16, 8, activation="SwooshR", dropout_p=0.0).double()
