@@ -79,9 +79,10 @@ def _swoosh_constants(kind: str) -> tuple[float, float]:
 def _softplus(z: Tensor) -> Tensor:
     """log(1 + e^z) = relu(z) - log(sigmoid(|z|)) on the CPU, F.softplus elsewhere.
 
-    On the CPU, torch's softplus kernel (its log1p) is not vectorised: 5-10x the time of these five vectorised passes
-    (benchmarks/RESULTS.md, "Embedded recipe"). sigmoid(|z|) lies in [0.5, 1], so the log never overflows or meets 0;
-    its absolute error is that of one float (6e-8). On a GPU one fused kernel beats five passes."""
+    On the CPU, torch's softplus kernel spends its time in log1p: about 6x the time of these five passes, and a
+    training step of the embedded recipe 0.90x as long with them (benchmarks/RESULTS.md, "Softplus on the CPU").
+    sigmoid(|z|) lies in [0.5, 1], so the log never overflows or meets 0; its absolute error is that of one float
+    (6e-8). On a GPU one fused kernel beats five passes."""
     if z.device.type != "cpu":
         return F.softplus(z)
     return z.clamp_min(0.0).sub_(torch.sigmoid(z.abs()).log_())
