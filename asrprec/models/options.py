@@ -67,6 +67,8 @@ class ModelOptions:
         help="Zipformer: the front-end's ConvNeXt block (icefall's); false leaves it out, a cheaper front-end "
              "(the Conformer's front-end has none)")
     context_size: int = option(2, help="the stateless decoder's context: how many previous tokens it sees")
+    decoder_dim: int | None = option(None, help="the decoder's width (default: 256 for tiny, else 512, icefall's)")
+    joiner_dim: int | None = option(None, help="the joiner's hidden width (default: 256 for tiny, else 512)")
     loss: str = option("pruned", choices=LOSSES, help="full RNN-T, k2-style pruned RNN-T, or TDT")
     tdt_durations: tuple[int, ...] = option((0, 1, 2, 3, 4), parse=_duration_list, metavar="N,N,...",
                                             help="TDT: the frames an emission may advance (NeMo's durations)")
@@ -195,8 +197,13 @@ def build_model(options: ModelOptions, vocab_size: int, blank_id: int = 0, *, ti
             raise ConfigError(f"--model.encoder_overrides sets num_features {named} but the features have "
                               f"{num_features} bins (--data.num_mel_bins); drop num_features from the overrides")
         overrides["num_features"] = int(num_features)
+    for name in ("decoder_dim", "joiner_dim"):
+        if getattr(o, name) is not None and getattr(o, name) < 1:
+            raise ConfigError(f"--model.{name} must be a positive width, got {getattr(o, name)}; leave it out for "
+                              f"the preset's")
     model = build_transducer(
         encoder=o.encoder, size=o.size, vocab_size=vocab_size, blank_id=blank_id, context_size=o.context_size,
+        decoder_dim=o.decoder_dim, joiner_dim=o.joiner_dim,
         encoder_overrides=overrides, use_transducer=o.use_transducer,
         ctc=o.ctc_config(time_warp_factor, features_mask_size),
         loss=LossConfig(loss=o.loss, joint_mode=o.joint_mode, backend=o.loss_backend, prune_range=o.prune_range,
@@ -210,6 +217,9 @@ def build_model(options: ModelOptions, vocab_size: int, blank_id: int = 0, *, ti
     # written only when they differ from the defaults, so that the model.json of a transducer is unchanged
     if not o.use_transducer:
         model_config["use_transducer"] = False
+    for name in ("decoder_dim", "joiner_dim"):
+        if getattr(o, name) is not None:
+            model_config[name] = getattr(o, name)
     if model.ctc_config is not None:
         model_config["ctc"] = model.ctc_config.record()
     return model, model_config

@@ -66,3 +66,29 @@ def test_cr_ctc_takes_the_recipes_frequency_mask_width(monkeypatch):
     assert seen == [5]
     with pytest.raises(ValueError, match="features_mask_size must be >= 1"):
         build_model(options, 16, features_mask_size=0)
+
+
+@pytest.mark.parametrize("loss", ["pruned", "tdt"])
+def test_head_widths_change_exactly_the_head_and_model_json_rebuilds_them(loss):
+    """``decoder_dim`` / ``joiner_dim``: the parameter count moves by what the layers' shapes say, and the record
+    rebuilds the same widths; unset, the record leaves them out (a ``tiny`` model's 256 / 256)."""
+    vocab, context = 16, 2
+    default, default_config = build_model(ModelOptions(loss=loss), vocab)
+    narrow, config = build_model(ModelOptions(loss=loss, decoder_dim=64, joiner_dim=48), vocab)
+    assert "joiner_dim" not in default_config and "decoder_dim" not in default_config
+    outputs = vocab + (5 if loss == "tdt" else 0)  # TDT's duration head (durations 0-4)
+    enc = default.joiner.encoder_proj.in_features
+
+    def head(d, j):  # embedding, grouped context convolution (groups d/4, no bias), the simple loss's decoder
+        # projection (both losses have the simple term), the joiner's three linears
+        return (vocab * d + d * 4 * context + (d * vocab + vocab)
+                + (enc * j + j) + (d * j + j) + (j * outputs + outputs))
+
+    assert _count(default) - _count(narrow) == head(256, 256) - head(64, 48)
+    stored = json.loads(json.dumps(config))
+    assert (stored["decoder_dim"], stored["joiner_dim"]) == (64, 48)
+    rebuilt = build_transducer(**stored)
+    assert rebuilt.joiner.joiner_dim == 48 and rebuilt.decoder.decoder_dim == 64
+    assert _count(rebuilt) == _count(narrow)
+    with pytest.raises(ValueError, match="joiner_dim must be a positive width"):
+        build_model(ModelOptions(joiner_dim=0), vocab)
