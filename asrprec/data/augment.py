@@ -148,41 +148,62 @@ def count_words(text: str) -> int:
     return len(text.split())
 
 
+def draw_tempo(rng: Any, num_frames: int, text: str, tempo_range: tuple[float, float] | None,
+               count_tokens: Callable[[str], int] = count_words, *,
+               fast: tuple[float, float, float] | None = None, shared: float | None = None) -> float:
+    """One utterance's tempo factor (``rng``: Python's ``random`` module or a ``random.Random``): ``shared`` (a
+    batch's one factor) capped by :func:`cap_tempo`, else as :func:`change_batch_tempo` describes ``tempo_range``
+    and ``fast``. ``num_frames``: the utterance's fbank frames; ``text``: its transcript."""
+    if fast is not None:  # one draw decides: a target rate, or the usual factor
+        if rng.random() < fast[0]:
+            return cap_tempo(rate_tempo_factor(rng, fast[1], fast[2], num_frames, count_words(text)), num_frames,
+                             count_tokens(text))
+        if tempo_range is None:
+            return 1.0
+    if shared is None:
+        return tempo_factor(rng, *tempo_range, num_frames, count_tokens(text))
+    return cap_tempo(shared, num_frames, count_tokens(text))
+
+
+def utterance_tempo(seed: int, epoch: int, cut_id: str, num_frames: int, text: str,
+                    tempo_range: tuple[float, float] | None, count_tokens: Callable[[str], int] = count_words, *,
+                    fast: tuple[float, float, float] | None = None) -> float:
+    """:func:`draw_tempo` for one utterance from its own generator, seeded by (``seed``, ``epoch``, ``cut_id``):
+    the same factor wherever it is asked for, so a sampler can bucket an utterance by its duration after the tempo
+    change before the dataset applies it (:func:`asrprec.data.buckets.tempo_bucketing_sampler`)."""
+    from asrprec.rng import seed_from
+
+    rng = random.Random(seed_from(seed, epoch, "tempo", cut_id))
+    return draw_tempo(rng, num_frames, text, tempo_range, count_tokens, fast=fast)
+
+
 def change_batch_tempo(features: Any, feature_lens: Any, texts: Sequence[str],
                        tempo_range: tuple[float, float] | None, count_tokens: Callable[[str], int] = count_words, *,
-                       per_batch: bool = False, fast: tuple[float, float, float] | None = None) -> tuple[Any, Any]:
+                       per_batch: bool = False, fast: tuple[float, float, float] | None = None,
+                       factors: Sequence[float] | None = None) -> tuple[Any, Any]:
     """A padded batch, each row's valid frames through :func:`change_tempo` with its own :func:`tempo_factor`
     (drawn from Python's ``random``: seed it per batch), re-padded with zeros. ``per_batch``: one factor drawn for
     the whole batch (each row's still capped by :func:`cap_tempo`), so rows of similar lengths stay similar and the
     batch gains no padding. ``fast`` = (share, low_wpm, high_wpm): each row, with probability ``share``, is brought
     to a rate drawn from [low_wpm, high_wpm] words per minute instead (:func:`rate_tempo_factor`, capped); the other
-    rows keep ``tempo_range`` (unchanged if it is None). Not with ``per_batch``.
+    rows keep ``tempo_range`` (unchanged if it is None). Not with ``per_batch``. ``factors``: each row's factor,
+    already drawn (:func:`utterance_tempo`); then nothing is drawn.
 
     features: (B, T, F); feature_lens: (B,) int; texts: each row's transcript. Returns (B, T', F) and (B,) lengths.
     """
-    import random
-
     import torch
 
     if fast is not None and per_batch:
         raise ValueError("a target rate (fast) is drawn per utterance: it cannot be combined with per_batch")
-    if fast is None and tempo_range is None:
-        raise ValueError("change_batch_tempo needs tempo_range or fast")
-    shared = random.uniform(*tempo_range) if per_batch else None
-
-    def factor(n: int, text: str) -> float:
-        if fast is not None:  # one draw decides: a target rate, or the usual factor
-            if random.random() < fast[0]:
-                return cap_tempo(rate_tempo_factor(random, fast[1], fast[2], n, count_words(text)), n,
-                                 count_tokens(text))
-            if tempo_range is None:
-                return 1.0
-        if shared is None:
-            return tempo_factor(random, *tempo_range, n, count_tokens(text))
-        return cap_tempo(shared, n, count_tokens(text))
-
-    rows = [change_tempo(features[i, :n], factor(n, text))
-            for i, (n, text) in enumerate(zip(feature_lens.tolist(), texts))]
+    if factors is None:
+        if fast is None and tempo_range is None:
+            raise ValueError("change_batch_tempo needs tempo_range, fast or factors")
+        shared = random.uniform(*tempo_range) if per_batch else None
+        factors = [draw_tempo(random, n, text, tempo_range, count_tokens, fast=fast, shared=shared)
+                   for n, text in zip(feature_lens.tolist(), texts)]
+    elif len(factors) != len(texts):
+        raise ValueError(f"factors has {len(factors)} entries for a batch of {len(texts)} rows")
+    rows = [change_tempo(features[i, :n], f) for i, (n, f) in enumerate(zip(feature_lens.tolist(), factors))]
     lens = torch.tensor([r.shape[0] for r in rows], dtype=feature_lens.dtype)
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), lens
 

@@ -4,8 +4,9 @@
 bucket, as ``DynamicBucketingSampler`` places them) and counts each bucket's cuts, audio and longest transcript.
 :func:`planned_sampler` is lhotse's ``DynamicBucketingSampler`` with ``FixedBucketBatchSizeConstraint``: a batch
 size per bucket instead of one ``max_duration`` (NeMo sizes its buckets the same way: NVIDIA/NeMo
-``nemo/collections/common/data/lhotse/dataloader.py``, ``bucket_batch_size``). :func:`batch_padding` counts what a
-batch pads. :class:`Batching` says how the training sampler makes batches, and why it made none of a small corpus.
+``nemo/collections/common/data/lhotse/dataloader.py``, ``bucket_batch_size``). :func:`tempo_bucketing_sampler`
+buckets by each utterance's duration after its tempo change. :func:`batch_padding` counts what a batch pads.
+:class:`Batching` says how the training sampler makes batches, and why it made none of a small corpus.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["Batching", "BucketStats", "PaddingTotals", "batch_padding", "corpus_buckets", "planned_sampler"]
+__all__ = ["Batching", "BucketStats", "PaddingTotals", "batch_padding", "corpus_buckets", "planned_sampler",
+           "tempo_bucketing_sampler"]
 
 
 @dataclass(frozen=True)
@@ -75,19 +77,7 @@ def planned_sampler(cuts: Any, max_durations: Sequence[float], batch_sizes: Sequ
     (filter them first). ``mean_batch_seconds``: the plan's seconds of audio per batch, offered as the constraint's
     ``max_duration`` to what counts schedules in audio (:func:`asrprec.training.oom.sampler_max_duration`).
     ``kwargs``: the sampler's (shuffle, drop_last, seed, rank, world_size, buffer sizes)."""
-    from lhotse.dataset import DynamicBucketingSampler
     from lhotse.dataset.sampling.dynamic_bucketing import FixedBucketBatchSizeConstraint
-
-    class PlannedBucketingSampler(DynamicBucketingSampler):
-        """Keeps ``state_dict`` (lhotse refuses it for a custom constraint; the constraint here is fixed by the
-        plan, so the position is all there is to save)."""
-
-        def state_dict(self) -> dict[str, Any]:
-            constraint, self.constraint = self.constraint, None
-            try:
-                return super().state_dict()
-            finally:
-                self.constraint = constraint
 
     edges = [float(e) for e in max_durations]
     constraint = FixedBucketBatchSizeConstraint(max_seq_len_buckets=edges, batch_sizes=[int(b) for b in batch_sizes])
@@ -96,7 +86,75 @@ def planned_sampler(cuts: Any, max_durations: Sequence[float], batch_sizes: Sequ
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
         # lhotse opens one more bucket past the last edge; the caller's duration filter leaves it empty
-        return PlannedBucketingSampler(cuts, constraint=constraint, duration_bins=edges, **kwargs)
+        return _custom_constraint_sampler()(cuts, constraint=constraint, duration_bins=edges, **kwargs)
+
+
+def tempo_bucketing_sampler(cuts: Any, *, max_duration: float, num_buckets: int, tempo_of: Callable[[Any, int], float],
+                            look: int = 5000, **kwargs: Any) -> Any:
+    """lhotse's ``DynamicBucketingSampler`` for a training set whose utterances are sped up by a factor each,
+    drawn anew every epoch: ``tempo_of(cut, epoch)`` gives it before batching (the dataset applies the same one),
+    and the sampler buckets and fills batches by the duration after the change. Bucketed by the duration before
+    it, a batch of similar originals holds rows up to ``max / min`` factor apart in length, all padded to the
+    longest (a quarter of the frames with factors 0.9-1.8).
+
+    A cut counts ``duration * m / factor`` against ``max_duration``, ``m`` the harmonic mean of the factors of the
+    first ``look`` cuts, so that an epoch makes as many batches as without the tempo and ``max_duration`` keeps
+    meaning seconds of audio before it. ``kwargs``: the sampler's (shuffle, drop_last, seed, rank, world_size,
+    buffer sizes)."""
+    from lhotse.dataset.sampling.base import TimeConstraint
+
+    class TempoTimeConstraint(TimeConstraint):
+        """lhotse's ``TimeConstraint`` (padding-aware: rows x longest) over the durations after the tempo."""
+
+        def __init__(self, max_duration: float, scale: float) -> None:
+            super().__init__(max_duration=max_duration)
+            self.scale = scale
+            self.epoch = 0
+            self.cache: dict[tuple[int, str], float] = {}  # shared by the copies lhotse makes of a constraint
+
+        def measure_length(self, cut: Any) -> float:
+            key = (self.epoch, cut.id)
+            if key not in self.cache:
+                if len(self.cache) >= 1 << 17:
+                    self.cache.clear()
+                self.cache[key] = cut.duration * self.scale / tempo_of(cut, self.epoch)
+            return self.cache[key]
+
+        def add(self, example: Any) -> None:
+            length = self.measure_length(example)
+            self.current += length
+            self.longest_seen = max(self.longest_seen, length)
+            self.num_cuts += 1
+
+    sample = list(itertools.islice(iter(cuts), look))
+    inverse = [1.0 / tempo_of(c, 0) for c in sample]
+    scale = len(inverse) / sum(inverse) if inverse else 1.0
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
+        return _custom_constraint_sampler()(cuts, constraint=TempoTimeConstraint(max_duration, scale),
+                                            num_buckets=num_buckets, **kwargs)
+
+
+def _custom_constraint_sampler() -> type:
+    """``DynamicBucketingSampler`` with a constraint of ours: it keeps ``state_dict`` (lhotse refuses it for a
+    custom constraint; ours is rebuilt from the configuration, so the position is all there is to save) and hands
+    the epoch to a constraint that has one."""
+    from lhotse.dataset import DynamicBucketingSampler
+
+    class CustomConstraintSampler(DynamicBucketingSampler):
+        def set_epoch(self, epoch: int) -> None:
+            super().set_epoch(epoch)
+            if hasattr(getattr(self, "constraint", None), "epoch"):
+                self.constraint.epoch = int(epoch)
+
+        def state_dict(self) -> dict[str, Any]:
+            constraint, self.constraint = self.constraint, None
+            try:
+                return super().state_dict()
+            finally:
+                self.constraint = constraint
+
+    return CustomConstraintSampler
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,9 @@ import torch
 from asrprec._optional import require
 from asrprec.config import option, strict_from_dict
 from asrprec.data.augment import (UtteranceJoiner, change_batch_tempo, change_batch_warp, count_words,
-                                  frequency_mask_width, noise_mix_transform)
+                                  frequency_mask_width, noise_mix_transform, utterance_tempo)
 from asrprec.data.buckets import Batching
+from asrprec.data.frames import FRAME_SHIFT_S
 from asrprec.data.durations import _filter_durations, _is_lazy
 from asrprec.precision.batch_plan import CALIBRATION_SAFETY
 from asrprec.rng import seed_from, seeded_rng
@@ -104,6 +105,8 @@ class DataConfig:
         None, metavar="LOW,HIGH", help="training: each utterance sped up by a factor drawn from [LOW, HIGH] (fbank)")
     tempo_per_batch: bool = option(False, help="training: one tempo factor per batch, not per utterance (the "
                                                "bucketed batch gains no padding)")
+    tempo_buckets: bool = option(True, help="training: draw each utterance's tempo before batching and bucket by "
+                                            "its duration after it (less padding)")
     tempo_fast: tuple[float, float, float] | None = option(
         None, metavar="SHARE,LOW,HIGH", help="training: this share of the utterances brought to a rate drawn from "
         "[LOW, HIGH] words per minute (their words over their duration) instead of tempo_range's factor")
@@ -206,6 +209,7 @@ class AsrDataset(torch.utils.data.Dataset):
                  tempo_range: tuple[float, float] | None = None,
                  tempo_per_batch: bool = False,
                  tempo_fast: tuple[float, float, float] | None = None,
+                 tempo_per_cut: bool = False,
                  warp_range: tuple[float, float] | None = None,
                  count_tokens: Callable[[str], int] | None = None,
                  joiner: UtteranceJoiner | None = None) -> None:
@@ -216,6 +220,9 @@ class AsrDataset(torch.utils.data.Dataset):
         self.tempo_range = tempo_range  # asrprec.data.augment.change_tempo, before SpecAugment
         self.tempo_per_batch = tempo_per_batch  # one factor for the whole batch
         self.tempo_fast = tempo_fast  # (share, low, high): that share brought to a rate in [low, high] wpm
+        if tempo_per_cut and (tempo_per_batch or joiner is not None):
+            raise ValueError("tempo_per_cut draws each cut's own factor: not with tempo_per_batch or a joiner")
+        self.tempo_per_cut = tempo_per_cut  # each cut's factor from utterance_tempo (what the sampler bucketed by)
         self.warp_range = warp_range  # asrprec.data.augment.warp_frequency, after the tempo
         self.count_tokens = count_tokens or count_words  # a transcript's tokens, for the tempo's floor
         # CutSet -> CutSet transforms applied before features are read (lhotse CutMix: noise mixing)
@@ -228,6 +235,12 @@ class AsrDataset(torch.utils.data.Dataset):
             from asrprec.data.features import OnTheFlyFbank
 
             self.otf = OnTheFlyFbank(num_mel_bins)
+
+    def tempo_of(self, cut: Any, epoch: int) -> float:
+        """``cut``'s tempo factor in ``epoch`` when each cut has its own (``tempo_per_cut``), from its duration and
+        transcript: what :func:`asrprec.data.buckets.tempo_bucketing_sampler` buckets it by."""
+        return utterance_tempo(self.seed, epoch, cut.id, max(1, round(cut.duration / FRAME_SHIFT_S)), cut_text(cut),
+                               self.tempo_range, self.count_tokens, fast=self.tempo_fast)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch enters the augmentation seed (a DataLoader's workers get the value it has at ``iter()``)."""
@@ -309,11 +322,14 @@ class AsrDataset(torch.utils.data.Dataset):
         if not bool(finite.all()):
             features, feature_lens, cuts = self._without_nonfinite(features, feature_lens, cuts, finite, dropped)
         cut_ids = [c.id for c in cuts]
-        texts = [" ".join((s.text or "").strip() for s in c.supervisions).strip() for c in cuts]
+        texts = [cut_text(c) for c in cuts]
         if self.joiner is not None and cut_ids:
             with seeded_rng(seed_from(self.seed, self.epoch, "join", *sorted(cut_ids))):
                 features, feature_lens, texts, cut_ids = self.joiner(features, feature_lens, texts, cut_ids)
-        if (self.tempo_range is not None or self.tempo_fast is not None) and cut_ids:
+        if (self.tempo_range is not None or self.tempo_fast is not None) and self.tempo_per_cut and cut_ids:
+            features, feature_lens = change_batch_tempo(features, feature_lens, texts, None, factors=[
+                self.tempo_of(c, self.epoch) for c in cuts])
+        elif (self.tempo_range is not None or self.tempo_fast is not None) and cut_ids:
             with seeded_rng(seed_from(self.seed, self.epoch, "tempo", *sorted(cut_ids))):
                 features, feature_lens = change_batch_tempo(features, feature_lens, texts, self.tempo_range,
                                                             self.count_tokens, per_batch=self.tempo_per_batch,
@@ -334,8 +350,11 @@ class AsrDataset(torch.utils.data.Dataset):
 
 
 def _bucketing_sampler(cuts: Any, *, num_buckets: int, buffer_size: int | None = None,
-                       shuffle_buffer_size: int | None = None, **kwargs: Any) -> Any:
-    """DynamicBucketingSampler, or SimpleCutSampler for one bucket (lhotse's bucketing needs at least two).
+                       shuffle_buffer_size: int | None = None, tempo_of: Callable[[Any, int], float] | None = None,
+                       **kwargs: Any) -> Any:
+    """DynamicBucketingSampler, or SimpleCutSampler for one bucket (lhotse's bucketing needs at least two);
+    ``tempo_of(cut, epoch)``: each cut's tempo factor, to bucket by the duration after it
+    (:func:`asrprec.data.buckets.tempo_bucketing_sampler`).
 
     An eager CutSet gets at most one bucket per two cuts (lhotse estimates the bins from them); a lazy one is not
     counted (that would read the whole manifest)."""
@@ -346,10 +365,26 @@ def _bucketing_sampler(cuts: Any, *, num_buckets: int, buffer_size: int | None =
         return SimpleCutSampler(cuts, **kwargs)
     buffers = {k: v for k, v in (("buffer_size", buffer_size), ("shuffle_buffer_size", shuffle_buffer_size))
                if v is not None}
+    if tempo_of is not None:
+        from asrprec.data.buckets import tempo_bucketing_sampler
+
+        return tempo_bucketing_sampler(cuts, num_buckets=num_buckets, tempo_of=tempo_of, **buffers, **kwargs)
     with warnings.catch_warnings():
         # lhotse suggests lazy CutSets for memory; our corpora are small and eager on purpose
         warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
         return DynamicBucketingSampler(cuts, num_buckets=num_buckets, **buffers, **kwargs)
+
+
+def _tempo_per_cut(config: DataConfig) -> bool:
+    """Whether each training utterance gets its own tempo factor before batching (``tempo_buckets``): with a
+    tempo, drawn per utterance, and no utterances joined (the joiner's rows exist only inside a batch)."""
+    return (config.tempo_buckets and (config.tempo_range is not None or config.tempo_fast is not None)
+            and not config.tempo_per_batch and config.concat_prob == 0)
+
+
+def cut_text(cut: Any) -> str:
+    """A cut's transcript: its supervisions' texts, stripped and joined by spaces."""
+    return " ".join((s.text or "").strip() for s in cut.supervisions).strip()
 
 
 def _buckets_used(cuts: Any, num_buckets: int) -> int:
@@ -390,6 +425,8 @@ def describe_augmentation(config: DataConfig, cuts: Any | None = None) -> str:
     if config.tempo_range is not None:
         parts.append(f"tempo x{config.tempo_range[0]:g}-{config.tempo_range[1]:g} (fbank frames resampled, one "
                      f"factor per {'batch' if config.tempo_per_batch else 'utterance'})")
+    if _tempo_per_cut(config):
+        parts.append("batches bucketed by each utterance's duration after its tempo change")
     if config.tempo_fast is not None:
         share, low, high = config.tempo_fast
         parts.append(f"{share:g} of the utterances brought to {low:g}-{high:g} words per minute instead")
@@ -476,22 +513,6 @@ class AsrDataModule:
         cuts, duration_drops = _filter_durations(cuts, c.min_cut_s, c.max_cut_s)
         common = dict(shuffle=c.shuffle, drop_last=c.drop_last, seed=c.seed, rank=self.rank,
                       world_size=self.world_size)
-        if batch_plan is not None:
-            from asrprec.data.buckets import planned_sampler
-
-            buffers = {k: v for k, v in (("buffer_size", c.bucketing_buffer_size),
-                                         ("shuffle_buffer_size", c.shuffle_buffer_size)) if v is not None}
-            sampler = planned_sampler(cuts, batch_plan.edges, batch_plan.batch_sizes,
-                                      mean_batch_seconds=batch_plan.mean_batch_seconds(), **buffers, **common)
-            batching = Batching(None, len(batch_plan.edges), c.drop_last, self.world_size)
-        else:
-            sampler = _bucketing_sampler(cuts, max_duration=c.max_duration, num_buckets=c.num_buckets,
-                                         buffer_size=c.bucketing_buffer_size,
-                                         shuffle_buffer_size=c.shuffle_buffer_size, **common)
-            batching = Batching(c.max_duration, _buckets_used(cuts, c.num_buckets), c.drop_last, self.world_size)
-        if sampler_state is not None:
-            sampler.load_state_dict(sampler_state)
-        self.train_sampler = sampler
         dataset = AsrDataset(
             on_the_fly_feats=c.on_the_fly_feats,
             spec_augment=self._spec_augment() if c.spec_augment else None,
@@ -502,11 +523,29 @@ class AsrDataModule:
             tempo_range=c.tempo_range,
             tempo_per_batch=c.tempo_per_batch,
             tempo_fast=c.tempo_fast,
+            tempo_per_cut=_tempo_per_cut(c) and batch_plan is None,
             warp_range=c.warp_range,
             count_tokens=count_tokens,
             joiner=UtteranceJoiner(c.concat_prob, c.concat_max_utterances, c.concat_pause_s, c.concat_pause_db,
                                    c.num_mel_bins) if c.concat_prob > 0 else None,
         )
+        if batch_plan is not None:
+            from asrprec.data.buckets import planned_sampler
+
+            buffers = {k: v for k, v in (("buffer_size", c.bucketing_buffer_size),
+                                         ("shuffle_buffer_size", c.shuffle_buffer_size)) if v is not None}
+            sampler = planned_sampler(cuts, batch_plan.edges, batch_plan.batch_sizes,
+                                      mean_batch_seconds=batch_plan.mean_batch_seconds(), **buffers, **common)
+            batching = Batching(None, len(batch_plan.edges), c.drop_last, self.world_size)
+        else:
+            tempo = dict(tempo_of=dataset.tempo_of) if dataset.tempo_per_cut else {}
+            sampler = _bucketing_sampler(cuts, max_duration=c.max_duration, num_buckets=c.num_buckets,
+                                         buffer_size=c.bucketing_buffer_size,
+                                         shuffle_buffer_size=c.shuffle_buffer_size, **tempo, **common)
+            batching = Batching(c.max_duration, _buckets_used(cuts, c.num_buckets), c.drop_last, self.world_size)
+        if sampler_state is not None:
+            sampler.load_state_dict(sampler_state)
+        self.train_sampler = sampler
         loader = self._loader(dataset, sampler, seed=c.seed)
         # the training loop gives each epoch's total (asrprec.training.skips.dropped_cut_totals), and says why an
         # epoch made no batch (asrprec.training.skips.no_batch_reason)

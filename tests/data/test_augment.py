@@ -247,3 +247,35 @@ def test_joining_nothing_or_everything():
     assert ids == [str(i) for i in range(9)] and y_lens.tolist() == lens.tolist()
     lens, (_, _, texts, ids) = _joined_rows(prob=1.0, max_utterances=2)
     assert sum("+" in i for i in ids) == 4 and len(ids) == 5  # four pairs and the odd one out
+
+
+def test_utterance_tempo_is_one_draw_per_cut_and_epoch_within_the_range_and_cap():
+    from asrprec.data.augment import MIN_FRAMES_PER_TOKEN, utterance_tempo
+
+    draws = {(e, i): utterance_tempo(7, e, f"cut-{i}", 1000, "a b c", (0.9, 1.8)) for e in (1, 2) for i in range(2000)}
+    assert all(0.9 <= f <= 1.8 for f in draws.values())
+    first = [draws[1, i] for i in range(2000)]
+    assert abs(np.mean(first) - 1.35) < 0.02 and np.std(first) == pytest.approx(0.9 / 12 ** 0.5, rel=0.05)
+    # the same cut and epoch: the same factor, in any order of asking; another epoch or seed: a new draw
+    assert utterance_tempo(7, 1, "cut-5", 1000, "a b c", (0.9, 1.8)) == draws[1, 5]
+    assert sum(draws[1, i] != draws[2, i] for i in range(2000)) == 2000
+    assert utterance_tempo(8, 1, "cut-5", 1000, "a b c", (0.9, 1.8)) != draws[1, 5]
+    # capped as tempo_factor is: 45 frames of 5 words keep 6 frames a word (<= 1.5x)
+    capped = [utterance_tempo(0, 1, f"c{i}", 45, "w w w w w", (1.0, 1.8)) for i in range(300)]
+    assert max(capped) == pytest.approx(45 / (MIN_FRAMES_PER_TOKEN * 5)) and min(capped) >= 1.0
+    # a target rate: 20 words in 4 s (300 wpm) brought to 600 wpm is twice as fast
+    assert utterance_tempo(0, 1, "c", 400, " ".join(["w"] * 20), None, lambda t: 1,
+                           fast=(1.0, 600.0, 600.0)) == pytest.approx(2.0)
+
+
+def test_change_batch_tempo_applies_given_factors():
+    import torch
+
+    from asrprec.data.augment import change_batch_tempo
+
+    x = torch.randn(3, 40, 4)
+    out, lens = change_batch_tempo(x, torch.tensor([40, 30, 9]), ["a", "b", "c"], None, factors=[2.0, 1.0, 0.5])
+    assert lens.tolist() == [20, 30, 18] and out.shape == (3, 30, 4)
+    assert torch.equal(out[1, :30], x[1, :30]) and torch.all(out[0, 20:] == 0)
+    with pytest.raises(ValueError, match="2 entries for a batch of 3"):
+        change_batch_tempo(x, torch.tensor([40, 30, 9]), ["a", "b", "c"], None, factors=[2.0, 1.0])

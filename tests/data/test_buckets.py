@@ -100,13 +100,9 @@ def test_planned_sampler_serves_each_bucket_its_batch_size():
     assert sampler_max_duration(sampler) == 33.0  # what the schedules count by
 
 
-def test_planned_sampler_state_resumes_the_same_batches():
-    durations = [1 + (i * 7919 % 1900) / 100 for i in range(200)]
-    cuts = cuts_of(durations)
-
-    def make():
-        return planned_sampler(cuts, [8.0, 20.0], [5, 3], shuffle=True, drop_last=False, seed=3)
-
+def assert_state_resumes_the_same_batches(make):
+    """A sampler from ``make()`` stopped after four batches, its ``state_dict`` loaded into a new one: the new one
+    serves the batches the first would have served next."""
     full = [[c.id for c in b] for b in make()]
     s = make()
     it = iter(s)
@@ -116,6 +112,16 @@ def test_planned_sampler_state_resumes_the_same_batches():
     again.load_state_dict(state)
     rest = [[c.id for c in b] for b in again]
     assert first + rest == full
+
+
+def test_planned_sampler_state_resumes_the_same_batches():
+    durations = [1 + (i * 7919 % 1900) / 100 for i in range(200)]
+    cuts = cuts_of(durations)
+
+    def make():
+        return planned_sampler(cuts, [8.0, 20.0], [5, 3], shuffle=True, drop_last=False, seed=3)
+
+    assert_state_resumes_the_same_batches(make)
 
 
 def test_datamodule_uses_the_plan():
@@ -151,3 +157,63 @@ def test_memory_flags_reach_the_recipes():
         assert (cfg.max_memory, cfg.plan_only, cfg.memory_safety) == ("40GiB", True, 0.9)
         with pytest.raises(ConfigError, match="--plan-only prints the plan of --max-memory"):
             mod.command_line().build(dotted=[("data.plan_only", "true")])
+
+
+def _tempo_of(cut, epoch):
+    from asrprec.data.augment import utterance_tempo
+
+    return utterance_tempo(5, epoch, cut.id, round(cut.duration * 100), "w", (0.9, 1.8))
+
+
+def _tempo_padding(batches, epoch):
+    """Padded share of the frames after each cut's tempo change, and the batch count (lengths d / f, here)."""
+    total = valid = 0.0
+    for b in batches:
+        lens = [c.duration / _tempo_of(c, epoch) for c in b]
+        total, valid = total + len(lens) * max(lens), valid + sum(lens)
+    return 1 - valid / total
+
+
+def test_tempo_bucketing_sampler_buckets_by_the_duration_after_the_tempo():
+    from lhotse.dataset import DynamicBucketingSampler
+
+    from asrprec.data.buckets import tempo_bucketing_sampler
+
+    rng = random.Random(2)
+    cuts = cuts_of([round(rng.uniform(1, 4), 2) for _ in range(600)])
+    common = dict(max_duration=15.0, num_buckets=10, shuffle=True, seed=3)
+    plain = DynamicBucketingSampler(cuts, **common)
+    sampler = tempo_bucketing_sampler(cuts, tempo_of=_tempo_of, **common)
+    # each cut counts duration x m / factor, m the harmonic mean of the factors: for 0.9-1.8, 0.9 / ln 2
+    m = 0.9 / math.log(2)
+    for epoch in (1, 2):
+        plain.set_epoch(epoch)
+        sampler.set_epoch(epoch)
+        ours, theirs = list(sampler), list(plain)
+        assert sorted(c.id for b in ours for c in b) == sorted(c.id for c in cuts)  # every cut once
+        for b in ours:  # lhotse's padding-aware limit (rows x longest) on the lengths after the tempo; lhotse
+            # closes a batch once the next row would pass it, so the rows before the last one keep to it
+            rows = [c.duration * m / _tempo_of(c, epoch) for c in b][:-1]
+            assert len(rows) * max(rows, default=0) <= 15.0 * 1.02
+        assert abs(len(ours) - len(theirs)) <= 0.05 * len(theirs)  # as many batches (updates) as without it
+        pad, pad_plain = _tempo_padding(ours, epoch), _tempo_padding(theirs, epoch)
+        assert pad < 0.1 and pad < pad_plain / 2, (pad, pad_plain)
+    # each epoch its own factors: the buckets change with them
+    sampler.set_epoch(1)
+    one = [sorted(c.id for c in b) for b in sampler]
+    sampler.set_epoch(2)
+    assert sorted(map(tuple, one)) != sorted(tuple(sorted(c.id for c in b)) for b in sampler)
+
+
+def test_tempo_bucketing_sampler_state_resumes_the_same_batches():
+    from asrprec.data.buckets import tempo_bucketing_sampler
+
+    cuts = cuts_of([1 + (i * 7919 % 300) / 100 for i in range(200)])
+
+    def make():
+        s = tempo_bucketing_sampler(cuts, tempo_of=_tempo_of, max_duration=10.0, num_buckets=4, shuffle=True,
+                                    drop_last=False, seed=3)
+        s.set_epoch(2)
+        return s
+
+    assert_state_resumes_the_same_batches(make)

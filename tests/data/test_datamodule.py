@@ -284,3 +284,55 @@ def test_frequency_mask_width_follows_the_feature_width_unless_given():
     assert AsrDataModule(given)._spec_augment().features_mask_size == 10
     with pytest.raises(ValueError, match="features_mask_size must be >= 1"):
         SpecAugmentConfig(features_mask_size=0)
+
+
+@needs_espeak
+def test_tempo_buckets_batch_each_utterance_by_the_factor_the_dataset_applies(tiny_fbank):
+    from asrprec.data.augment import utterance_tempo
+    from asrprec.data.datamodule import describe_augmentation
+
+    _, cuts = tiny_fbank
+    train = cuts["train"]
+    config = DataConfig(max_duration=6.0, num_buckets=2, spec_augment=False, min_cut_s=0.0, seed=4,
+                        tempo_range=(0.9, 1.8))
+    assert "bucketed by each utterance's duration after its tempo change" in describe_augmentation(config)
+    loader = AsrDataModule(config).train_dataloader(train)
+    assert hasattr(loader.sampler.constraint, "scale")  # the tempo-aware sampler
+    by_id = {c.id: c for c in train}
+    for epoch in (1, 2):
+        loader.sampler.set_epoch(epoch)
+        loader.dataset.set_epoch(epoch)
+        seen = 0
+        for b in loader:
+            for cid, n in zip(b["cut_ids"], b["feature_lens"].tolist()):
+                c = by_id[cid]
+                f = utterance_tempo(4, epoch, cid, round(c.duration * 100), c.supervisions[0].text.strip(),
+                                    (0.9, 1.8))
+                assert n == max(1, round(c.num_frames / f)), cid  # change_tempo's length for that factor
+                seen += 1
+        assert seen == len(train)
+    # one factor per batch, joined utterances or the option off: the factors are drawn inside the batch
+    for other in (dict(tempo_per_batch=True), dict(concat_prob=0.5), dict(tempo_buckets=False)):
+        c = DataConfig(max_duration=6.0, num_buckets=2, spec_augment=False, min_cut_s=0.0, tempo_range=(0.9, 1.8),
+                       **other)
+        loader = AsrDataModule(c).train_dataloader(train)
+        assert not loader.dataset.tempo_per_cut and not hasattr(loader.sampler.constraint, "scale")
+        assert "bucketed by each" not in describe_augmentation(c)
+
+
+@needs_espeak
+def test_tempo_buckets_resume_mid_epoch_to_the_same_batches(tiny_fbank):
+    from asrprec.training.resume import epoch_iterator
+
+    _, cuts = tiny_fbank
+    config = DataConfig(max_duration=4.0, num_buckets=2, spec_augment=False, min_cut_s=0.0, tempo_range=(0.9, 1.8))
+
+    def batches(skip):
+        loader = AsrDataModule(config).train_dataloader(cuts["train"])
+        return [(b["cut_ids"], b["features"]) for b in epoch_iterator(loader, 3, skip)]
+
+    full = batches(0)
+    assert len(full) >= 4
+    rest = batches(2)
+    assert [ids for ids, _ in rest] == [ids for ids, _ in full[2:]]
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(rest, full[2:]))
