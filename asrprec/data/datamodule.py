@@ -35,8 +35,8 @@ from asrprec.config import option, strict_from_dict
 from asrprec.data.augment import (UtteranceJoiner, change_batch_tempo, change_batch_warp, count_words,
                                   frequency_mask_width, noise_mix_transform, utterance_tempo)
 from asrprec.data.buckets import Batching
-from asrprec.data.frames import FRAME_SHIFT_S
 from asrprec.data.durations import _filter_durations, _is_lazy
+from asrprec.data.frames import FRAME_SHIFT_S
 from asrprec.precision.batch_plan import CALIBRATION_SAFETY
 from asrprec.rng import seed_from, seeded_rng
 
